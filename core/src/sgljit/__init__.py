@@ -1,0 +1,70 @@
+"""sgljit: just-in-time compiled GPU kernels for LLM and diffusion serving.
+
+>>> import sgljit
+>>> sgljit.__version__
+'0.1.0'
+
+Kernels live in plugins and are called as ``sgljit.ops.<name>(...)``. Building blocks for writing
+kernels: :func:`load_jit` (CUDA/C++ through tvm-ffi), :func:`load_jit_sycl` (SYCL), :func:`make_cpp_args`,
+:func:`cache_once`, :func:`kernel_op`. Heavy imports (torch, tvm-ffi) happen on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any
+
+from ._version import __version__
+from .errors import CompileError, NoCompileError, PluginError, SgljitError
+from .jit_utils import cache_once, make_cpp_args
+
+__all__ = [
+    "CompileError",
+    "NoCompileError",
+    "PluginError",
+    "SgljitError",
+    "__version__",
+    "cache_once",
+    "clear_module_cache",
+    "kernel_op",
+    "load_jit",
+    "load_jit_sycl",
+    "make_cpp_args",
+    "ops",
+    "select_backend",
+    "use_backend",
+]
+
+_LAZY = {
+    "load_jit": ("cuda", "load_jit"),
+    "load_jit_sycl": ("sycl", "load_jit_sycl"),
+    "clear_module_cache": ("cache", "clear_module_cache"),
+    "kernel_op": ("op", "kernel_op"),
+    "select_backend": ("backend", "select_backend"),
+    "use_backend": ("backend", "use_backend"),
+    "ops": ("ops", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sgljit' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if os.environ.get("SGLJIT_LOG"):
+    # SGLJIT_LOG=info prints one line per compile to stderr (debug: more).
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("sgljit").addHandler(_handler)
+    logging.getLogger("sgljit").setLevel(os.environ["SGLJIT_LOG"].upper())

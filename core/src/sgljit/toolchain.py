@@ -1,0 +1,148 @@
+"""Where the compilers are, what they are, and which GPU architecture to build for.
+
+Everything here runs on the warm path of a fresh process, so nothing spawns a process when it can
+avoid it: a compiler's identity is memoized on disk, keyed by the binary's path, size and mtime.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from .errors import SgljitError
+
+__all__ = ["compiler_identity", "cuda_arch_list", "cuda_home", "find_nvcc", "host_cxx"]
+
+
+def _identity_memo_path() -> Path:
+    from .cache import cache_root
+
+    return cache_root() / "toolchains.json"
+
+
+def _stat_token(path: str) -> str:
+    st = os.stat(path)
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_identity(executable: str, *version_args: str) -> str:
+    """The compiler's own description of itself (``<exe> --version``), memoized on disk.
+
+    >>> "g++" in compiler_identity(host_cxx()) or "clang" in compiler_identity(host_cxx())
+    True
+    """
+    real = os.path.realpath(shutil.which(executable) or executable)
+    args = version_args or ("--version",)
+    token = _stat_token(real) + ":" + " ".join(args)
+    memo_path = _identity_memo_path()
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if token in memo:
+        return memo[token]
+    out = subprocess.run([real, *args], capture_output=True, text=True, check=False)
+    identity = (out.stdout + out.stderr).strip()
+    memo[token] = identity
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo, indent=1))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass  # a read-only cache still works, it only re-asks the compiler next time
+    return identity
+
+
+def host_cxx() -> str:
+    """The host C++ compiler tvm-ffi will use (``$CXX`` or ``c++``)."""
+    return os.environ.get("CXX", "c++")
+
+
+def find_nvcc() -> str | None:
+    """Path of the real ``nvcc`` (under ``$CUDA_HOME`` when set, else on PATH)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and Path(home, "bin", "nvcc").exists():
+        return str(Path(home, "bin", "nvcc"))
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_home() -> str:
+    """The CUDA toolkit root, derived from the real nvcc when ``CUDA_HOME`` is unset.
+
+    The ``nvcc`` on PATH can be a wrapper script in another folder; tvm-ffi would then guess the
+    toolkit root from the wrapper's folder and fail to link cudart. ``nvcc --dryrun`` prints the
+    real root as ``TOP=...``.
+    """
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise SgljitError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+    token = "cuda_home:" + _stat_token(os.path.realpath(nvcc))
+    memo_path = _identity_memo_path()
+    try:
+        memo = json.loads(memo_path.read_text())
+        if token in memo and Path(memo[token], "bin", "nvcc").exists():
+            return memo[token]
+    except (OSError, ValueError):
+        memo = {}
+    out = subprocess.run(
+        [nvcc, "--dryrun", "-v", "-x", "cu", os.devnull], capture_output=True, text=True
+    )
+    match = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.MULTILINE)
+    home = str(Path(match.group(1).strip()).resolve()) if match else str(Path(nvcc).parent.parent)
+    memo[token] = home
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        memo_path.write_text(json.dumps(memo, indent=1))
+    except OSError:
+        pass
+    return home
+
+
+def _arch_of_capability(major: int, minor: int) -> str:
+    # Architecture-specific features (wgmma, tcgen05, setmaxnreg) need the "a" targets.
+    if (major, minor) in {(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}:
+        return f"{major}.{minor}a"
+    return f"{major}.{minor}"
+
+
+def cuda_arch_list() -> tuple[str, ...]:
+    """Target architectures: ``$SGLJIT_CUDA_ARCH`` (space separated), else the current GPU's.
+
+    Never asks nvidia-smi (it fails without a GPU and is known to misreport).
+    """
+    override = os.environ.get("SGLJIT_CUDA_ARCH", "").split()
+    if override:
+        for arch in override:
+            if not re.fullmatch(r"\d+\.\d+a?", arch):
+                raise SgljitError(
+                    f"SGLJIT_CUDA_ARCH: {arch!r} is not an architecture like '9.0a' or '8.6'"
+                )
+        return tuple(override)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SgljitError(
+            "no CUDA GPU visible and SGLJIT_CUDA_ARCH is unset: set SGLJIT_CUDA_ARCH (e.g. '9.0a') "
+            "to build CUDA kernels on a machine without a GPU"
+        )
+    return (_arch_of_capability(*torch.cuda.get_device_capability()),)
+
+
+def short_hash(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
