@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Run tests and benchmarks on a GPU machine that has no package registry.
+#
+#   bash benchmarks/h200.sh STEP [STEP ...]
+#
+# Run from the repository root. Wheels come from .whl/ (build the project's own with
+# benchmarks/build_wheels.sh .whl first; apache-tvm-ffi and liger-kernel wheels go there too).
+# Output goes to $OUT (default /tmp/sgljit-out):
+#   $OUT/h200.log         everything printed, step by step
+#   $OUT/results.tar.gz   benchmarks/results/** (extract at the repo root: tar xzf results.tar.gz)
+#   $OUT/summary.md       one line per step: status, seconds
+# The tarball and summary are refreshed after every step, so a run cut short still returns them.
+#
+# Steps:
+#   env              versions, GPU, installed wheels (always run first, implicitly)
+#   tests            python3 -m pytest -x -q tests/ -m "not slow"
+#   tests:EXPR       the same with -k EXPR
+#   pytest:ARGS      python3 -m pytest ARGS (ARGS split on spaces), e.g. pytest:tests/plugins/test_norm.py
+#   ceiling          measure the streaming ceiling alone (benchmarks/harness.py)
+#   bench:FAMILY     python3 benchmarks/bench_FAMILY.py
+#   jit              python3 benchmarks/bench_jit.py
+#   check            sgljit check
+#   sh:COMMAND       any shell command (quote it)
+# A failing step does not stop later ones; the script exits non-zero if any step failed.
+# Per-step wall limit: STEP_TIMEOUT seconds (default: none).
+set -o pipefail
+set -u
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+OUT="${OUT:-/tmp/sgljit-out}"
+mkdir -p "$OUT"
+LOG="$OUT/h200.log"
+SUMMARY="$OUT/summary.md"
+: >"$LOG"
+STEP_TIMEOUT="${STEP_TIMEOUT:-}"
+
+log() { echo "$@" | tee -a "$LOG"; }
+
+# ---- environment ---------------------------------------------------------------------------
+export PYTHONUNBUFFERED=1
+SITE=/tmp/site
+WHEELS="${WHEELS:-.whl}"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$WHEELS"/*.whl 2>&1 | tee -a "$LOG"
+    install_rc=${PIPESTATUS[0]}
+else
+    log "!! no wheels in $WHEELS/ (run benchmarks/build_wheels.sh .whl and carry .whl)"
+    install_rc=1
+fi
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH"
+
+if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc >/dev/null; then
+    # nvcc may be a wrapper script: ask nvcc itself where its binaries are.
+    here="$(cd /tmp && echo | nvcc -dryrun -x cu -c - -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1)"
+    [[ -n "$here" ]] || here="$(dirname "$(readlink -f "$(command -v nvcc)")")"
+    CUDA_HOME="$(cd "$here/.." && pwd)"
+fi
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export SGLJIT_CACHE_DIR="${SGLJIT_CACHE_DIR:-/tmp/sgljit-cache}"
+if [[ -z "${SGLJIT_CUDA_ARCH:-}" ]]; then
+    SGLJIT_CUDA_ARCH="$(python3 -c 'import torch
+if torch.cuda.is_available():
+    ma, mi = torch.cuda.get_device_capability()
+    print(f"{ma}.{mi}" + ("a" if ma >= 9 else ""))' 2>/dev/null)"
+    [[ -n "$SGLJIT_CUDA_ARCH" ]] && export SGLJIT_CUDA_ARCH
+fi
+
+# ---- steps ---------------------------------------------------------------------------------
+declare -a NAMES=() STATUS=() SECS=()
+
+pack() {
+    if [[ -d benchmarks/results ]]; then
+        tar czf "$OUT/results.tar.gz.tmp" benchmarks/results && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+    fi
+    {
+        echo "| step | status | seconds |"
+        echo "|---|---|---|"
+        for i in "${!NAMES[@]}"; do
+            echo "| ${NAMES[$i]} | ${STATUS[$i]} | ${SECS[$i]} |"
+        done
+    } >"$SUMMARY"
+}
+
+run_step() {  # name, command...
+    local name="$1"
+    shift
+    log ""
+    log "======== $name: $* ========"
+    local t0 rc
+    t0=$(date +%s.%N)
+    if [[ -n "$STEP_TIMEOUT" ]]; then
+        timeout --kill-after=10 "$STEP_TIMEOUT" "$@" 2>&1 | tee -a "$LOG"
+    else
+        "$@" 2>&1 | tee -a "$LOG"
+    fi
+    rc=${PIPESTATUS[0]}
+    local dt
+    dt=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)")
+    NAMES+=("$name")
+    SECS+=("$dt")
+    if [[ $rc -eq 0 ]]; then
+        STATUS+=("ok")
+    elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        STATUS+=("TIMEOUT (rc $rc)")
+    else
+        STATUS+=("FAILED (rc $rc)")
+    fi
+    log "======== $name: rc=$rc, ${dt}s ========"
+    pack
+}
+
+env_info() {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "CUDA_HOME=$CUDA_HOME SGLJIT_CUDA_ARCH=${SGLJIT_CUDA_ARCH:-} SGLJIT_CACHE_DIR=$SGLJIT_CACHE_DIR"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+    nvcc --version 2>&1 | tail -2
+    python3 - <<'PY'
+import importlib
+import sys
+
+print("python", sys.version.split()[0])
+for name in ("torch", "triton", "tvm_ffi", "liger_kernel", "sgljit", "matplotlib", "ninja"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"{name:14s} {getattr(mod, '__version__', '?'):24s} {getattr(mod, '__file__', '')}")
+    except Exception as e:  # noqa: BLE001
+        print(f"{name:14s} MISSING ({type(e).__name__}: {e})")
+try:
+    from importlib.metadata import entry_points
+
+    eps = entry_points(group="sgljit.plugins")
+    print("sgljit.plugins entry points:", ", ".join(f"{e.name}={e.value}" for e in eps) or "none")
+except Exception as e:  # noqa: BLE001
+    print("entry points:", e)
+import torch
+
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU: {p.name}, {p.multi_processor_count} SMs, L2 {getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB,"
+          f" {p.total_memory / 2**30:.0f} GiB, cc {p.major}.{p.minor}")
+else:
+    print("GPU: none visible to torch")
+PY
+    ls -l "$WHEELS"/
+    return "$install_rc"
+}
+
+run_step env env_info
+
+for step in "$@"; do
+    case "$step" in
+        tests) run_step "$step" python3 -m pytest -x -q -p no:cacheprovider tests/ -m "not slow" ;;
+        tests:*) run_step "$step" python3 -m pytest -x -q -p no:cacheprovider tests/ -m "not slow" -k "${step#tests:}" ;;
+        pytest:*)
+            # shellcheck disable=SC2086
+            run_step "$step" python3 -m pytest -p no:cacheprovider ${step#pytest:}
+            ;;
+        ceiling) run_step "$step" python3 benchmarks/harness.py ;;
+        bench:*)
+            fam="${step#bench:}"
+            if [[ -f "benchmarks/bench_${fam}.py" ]]; then
+                run_step "$step" python3 "benchmarks/bench_${fam}.py"
+            else
+                run_step "$step" bash -c "echo 'no such script: benchmarks/bench_${fam}.py'; exit 2"
+            fi
+            ;;
+        jit) run_step "$step" python3 benchmarks/bench_jit.py ;;
+        check) run_step "$step" sgljit check ;;
+        sh:*) run_step "$step" bash -c "${step#sh:}" ;;
+        *) run_step "$step" bash -c "echo 'unknown step: $step'; exit 2" ;;
+    esac
+done
+
+pack
+failed=0
+for s in "${STATUS[@]}"; do [[ "$s" == ok ]] || failed=1; done
+log ""
+log "======== summary ========"
+tee -a "$LOG" <"$SUMMARY"
+exit "$failed"

@@ -1,0 +1,700 @@
+"""Shared benchmark harness for sgljit's kernel families.
+
+A family script (``benchmarks/bench_<family>.py``) builds a list of :class:`Op` objects (cases +
+providers) and hands them to :func:`run_family`; see benchmarks/README.md. Run as
+``python3 benchmarks/bench_<family>.py`` (this folder is then on ``sys.path``).
+
+Timing: one CUDA graph calls the op once on each of K copies of the inputs (K copies together move
+more than twice the L2 cache, so no case is timed from cache); ``triton.testing.do_bench_cudagraph``
+replays it and we take the median, divided by K. Warm-up (JIT builds, torch.compile, autotuning)
+runs on every copy before anything is timed. Without triton the same is done with CUDA events and
+``torch.cuda.CUDAGraph``.
+
+``python3 benchmarks/harness.py`` measures only the streaming ceiling and writes ceiling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import gc
+import importlib
+import math
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DEFAULT_L2_BYTES = 60 * 2**20
+SGLJIT = "sgljit"
+EAGER = "torch"
+COMPILE = "torch.compile"
+LIGER = "liger"
+
+Inputs = dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# What a family script provides
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One shape of one op.
+
+    ``make_inputs(device)`` returns a fresh dict of everything the op needs, output buffers
+    included (sgljit ops are destination passing). It is called K times to make the rotated copies.
+    ``bytes``: bytes one call moves (each input read once, each output written once), an int or a
+    function of the inputs dict. ``tokens`` is the plot's x value; cases of one op with the same
+    ``series`` (e.g. ``"H=4096 bf16"``) form one panel of the plot.
+    """
+
+    label: str
+    tokens: int
+    make_inputs: Callable[[torch.device], Inputs]
+    bytes: int | Callable[[Inputs], int]
+    series: str = ""
+
+    def nbytes(self, inputs: Inputs) -> int:
+        return int(self.bytes(inputs) if callable(self.bytes) else self.bytes)
+
+
+@dataclass
+class Provider:
+    """One implementation of an op.
+
+    ``load()`` is called once per op and returns the callable that is timed, ``fn(inputs)``; if it
+    raises (package not installed, op not there) the provider is reported as "missing: <reason>".
+    ``prepare(inputs) -> inputs`` runs on every input copy before timing (e.g. to turn a cos/sin
+    cache into the layout another library wants); it is not timed.
+    """
+
+    name: str
+    load: Callable[[], Callable[[Inputs], Any]]
+    prepare: Callable[[Inputs], Inputs] | None = None
+
+
+@dataclass
+class Op:
+    name: str
+    cases: list[Case]
+    providers: list[Provider]
+    subject: str = SGLJIT  # the provider whose speed-up over the best other one is reported
+
+
+def fixed(fn: Callable[[Inputs], Any], name: str, prepare=None) -> Provider:
+    """A provider that is always available (e.g. torch eager)."""
+    return Provider(name, lambda: fn, prepare)
+
+
+def torch_compiled(fn: Callable[[Inputs], Any], name: str = COMPILE, prepare=None) -> Provider:
+    """``torch.compile(fn, dynamic=False)``: one static specialization per shape."""
+
+    def load():
+        _raise_dynamo_limits()
+        return torch.compile(fn, dynamic=False)
+
+    return Provider(name, load, prepare)
+
+
+def standard_providers(
+    sgljit_load: Callable[[], Callable[[Inputs], Any]],
+    torch_fn: Callable[[Inputs], Any],
+    liger_load: Callable[[], Callable[[Inputs], Any]] | None = None,
+    *,
+    liger_prepare: Callable[[Inputs], Inputs] | None = None,
+) -> list[Provider]:
+    """sgljit, torch eager, torch.compile of the same eager function, and Liger where one exists.
+
+    ``torch_fn`` should *return* its result (not copy it into the output buffer: that adds a pass).
+    """
+    out = [
+        Provider(SGLJIT, sgljit_load),
+        fixed(torch_fn, EAGER),
+        torch_compiled(torch_fn),
+    ]
+    if liger_load is not None:
+        out.append(Provider(LIGER, liger_load, liger_prepare))
+    return out
+
+
+def nbytes(*tensors: torch.Tensor | None) -> int:
+    """Sum of numel * element size (None is skipped)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# --------------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------------
+def _raise_dynamo_limits() -> None:
+    cfg = torch._dynamo.config
+    for name in (
+        "cache_size_limit",
+        "recompile_limit",
+        "accumulated_cache_size_limit",
+        "accumulated_recompile_limit",
+    ):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 1024))
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_name() -> str:
+    """GPU name if torch sees a CUDA GPU, else 'cpu-<model>' (used as the results folder)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu " + cpu_name()
+
+
+def results_dir(machine: str | None = None) -> Path:
+    d = RESULTS_DIR / slug(machine or machine_name())
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    for mod, label in (
+        ("triton", "triton"),
+        ("tvm_ffi", "apache-tvm-ffi"),
+        ("sgljit", "sgljit"),
+        ("liger_kernel", "liger-kernel"),
+    ):
+        try:
+            m = importlib.import_module(mod)
+            out[label] = str(getattr(m, "__version__", "?"))
+        except Exception:
+            out[label] = "missing"
+    if out.get("liger-kernel") == "?":
+        with contextlib.suppress(Exception):
+            from importlib.metadata import version
+
+            out["liger-kernel"] = version("liger-kernel")
+    return out
+
+
+def l2_bytes() -> int:
+    if torch.cuda.is_available():
+        n = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+        if n:
+            return int(n)
+    return DEFAULT_L2_BYTES
+
+
+def command_line() -> str:
+    argv = list(sys.argv)
+    if argv:
+        with contextlib.suppress(ValueError):
+            argv[0] = str(Path(argv[0]).resolve().relative_to(RESULTS_DIR.parent.parent))
+    return " ".join(shlex.quote(a) for a in ["python3", *argv])
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+def _bench_graph_fallback(fn: Callable[[], Any], rep_ms: float) -> float:
+    """Same algorithm as triton.testing.do_bench_cudagraph, median; returns ms per fn()."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        estimate = max(start.elapsed_time(end), 1e-3)
+        n_repeat = max(1, int(rep_ms / estimate))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n_repeat):
+                fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(10):
+            start.record()
+            g.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / n_repeat)
+    return statistics.median(times)
+
+
+def bench_cudagraph_ms(fn: Callable[[], Any], rep_ms: float = 25.0) -> float:
+    """Median ms per ``fn()`` over CUDA-graph replays (triton's do_bench_cudagraph if present)."""
+    try:
+        from triton.testing import do_bench_cudagraph
+    except ImportError:
+        return _bench_graph_fallback(fn, rep_ms)
+    with torch.cuda.stream(torch.cuda.Stream()):  # graphs cannot be captured on the default stream
+        try:
+            return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+        except TypeError:  # old triton without return_mode
+            pass
+    return _bench_graph_fallback(fn, rep_ms)
+
+
+def timer_name() -> str:
+    try:
+        import triton.testing  # noqa: F401
+
+        return "triton.testing.do_bench_cudagraph (median)"
+    except ImportError:
+        return "torch.cuda.CUDAGraph + CUDA events (median; triton missing)"
+
+
+def time_rotated(fn: Callable[[Inputs], Any], copies: Sequence[Inputs], rep_ms: float) -> float:
+    """µs per call: warm up on every copy, then time one graph that calls fn on each copy once."""
+
+    def run_all():
+        for c in copies:
+            fn(c)
+
+    run_all()  # warm-up: JIT builds, torch.compile, autotuning, allocator
+    run_all()
+    torch.cuda.synchronize()
+    ms = bench_cudagraph_ms(run_all, rep_ms)
+    return ms * 1e3 / len(copies)
+
+
+_CEILING: tuple[float, str] | None = None
+
+
+def streaming_ceiling(gib: float = 4.0, rep_ms: float = 100.0) -> tuple[float, str]:
+    """Measured streaming bandwidth in GB/s (bytes read + bytes written) and a description.
+
+    ``torch.mul(a, 1, out=b)`` on ``gib`` GiB of bf16 (a vectorized elementwise read+write kernel;
+    a D2D ``copy_`` in a graph goes through the copy engine and is slower, so it is not used).
+    Cached per process.
+    """
+    global _CEILING
+    if _CEILING is not None:
+        return _CEILING
+    free, _total = torch.cuda.mem_get_info()
+    size = min(int(gib * 2**30), int(free * 0.4))  # a and b
+    n = (size // 2) // 4096 * 4096
+    a = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        torch.mul(a, 1, out=b)
+    torch.cuda.synchronize()
+
+    def step():
+        torch.mul(a, 1, out=b)
+
+    ms = bench_cudagraph_ms(step, rep_ms)
+    gbps = 2 * a.nbytes / (ms * 1e-3) / 1e9
+    desc = (
+        f"torch.mul(a, 1, out=b), a = {a.nbytes / 2**30:.2f} GiB bf16, "
+        f"{ms * 1e3:.0f} µs, read + write counted"
+    )
+    a = b = None
+    torch.cuda.empty_cache()
+    _CEILING = (gbps, desc)
+    return _CEILING
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Cell:
+    provider: str
+    us: float | None = None
+    error: str | None = None  # "missing: ..." or "failed: ..."
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    bytes: int
+    copies: int
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+
+@dataclass
+class OpResult:
+    op: Op
+    cases: list[CaseResult] = field(default_factory=list)
+
+
+def _short(e: BaseException, limit: int = 160) -> str:
+    msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ").replace("|", "/")
+    return msg if len(msg) <= limit else msg[: limit - 1] + "…"
+
+
+def _tensor_bytes(inputs: Inputs) -> int:
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+
+
+def _load_providers(op: Op, only: set[str] | None) -> dict[str, Callable | str]:
+    loaded: dict[str, Callable | str] = {}
+    for p in op.providers:
+        if only and p.name not in only:
+            continue
+        try:
+            loaded[p.name] = p.load()
+        except Exception as e:
+            loaded[p.name] = "missing: " + _short(e)
+    return loaded
+
+
+def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
+    only = set(args.providers.split(",")) if args.providers else None
+    loaded = _load_providers(op, only)
+    res = OpResult(op)
+    cases = op.cases
+    if args.tokens:
+        want = {int(t) for t in args.tokens.split(",")}
+        cases = [c for c in cases if c.tokens in want]
+    if args.dry_run:
+        cases = _dry_run_cases(cases)
+    l2 = l2_bytes()
+    for case in cases:
+        print(f"[{op.name}] {case.label} ...", flush=True)
+        try:
+            first = case.make_inputs(device)
+            nb = case.nbytes(first)
+        except Exception as e:
+            cr = CaseResult(case, 0, 0)
+            for name in loaded:
+                cr.cells[name] = Cell(name, error="failed: make_inputs: " + _short(e))
+            res.cases.append(cr)
+            continue
+        if args.dry_run:
+            k = 1
+        else:
+            k = max(1, math.floor(2 * l2 / max(nb, 1)) + 1)
+            k = min(k, args.max_copies)
+            k = min(k, max(1, int(args.max_copy_gib * 2**30) // max(_tensor_bytes(first), 1)))
+        copies = [first] + [case.make_inputs(device) for _ in range(k - 1)]
+        cr = CaseResult(case, nb, k)
+        for p in op.providers:
+            if p.name not in loaded:
+                continue
+            fn = loaded[p.name]
+            if isinstance(fn, str):
+                cr.cells[p.name] = Cell(p.name, error=fn)
+                continue
+            try:
+                pc = [p.prepare(c) for c in copies] if p.prepare else copies
+                us = _time_cpu(fn, pc) if args.dry_run else time_rotated(fn, pc, args.rep)
+                cr.cells[p.name] = Cell(p.name, us=us)
+            except Exception as e:
+                if args.verbose:
+                    traceback.print_exc()
+                cr.cells[p.name] = Cell(p.name, error="failed: " + _short(e))
+            finally:
+                pc = None
+                if device.type == "cuda":
+                    with contextlib.suppress(Exception):
+                        torch.cuda.synchronize()
+        res.cases.append(cr)
+        line = ", ".join(
+            f"{c.provider} {_fmt_us(c.us)} µs" if c.us is not None else f"{c.provider} {c.error}"
+            for c in cr.cells.values()
+        )
+        print(f"    K={k}, {nb / 1e6:.3g} MB/call: {line}", flush=True)
+        del copies, first
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+def _dry_run_cases(cases: list[Case]) -> list[Case]:
+    """The two smallest token counts of each series."""
+    by_series: dict[str, list[Case]] = {}
+    for c in cases:
+        by_series.setdefault(c.series, []).append(c)
+    out = []
+    for group in by_series.values():
+        out.extend(sorted(group, key=lambda c: c.tokens)[:2])
+    return out
+
+
+def _time_cpu(fn: Callable[[Inputs], Any], copies: Sequence[Inputs]) -> float:
+    fn(copies[0])
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn(copies[0])
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+
+
+# --------------------------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------------------------
+def _fmt_us(us: float | None) -> str:
+    if us is None:
+        return "–"
+    if us < 10:
+        return f"{us:.2f}"
+    if us < 1000:
+        return f"{us:.1f}"
+    return f"{us:.0f}"
+
+
+def _gbps(nb: int, us: float) -> float:
+    return nb / (us * 1e-6) / 1e9
+
+
+def op_table(res: OpResult, ceiling: float | None) -> str:
+    subject = res.op.subject
+    lines = [
+        f"| case | provider | µs | GB/s | % of ceiling | {subject} speed-up |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for cr in res.cases:
+        subj = cr.cells.get(subject)
+        others = [c for c in cr.cells.values() if c.provider != subject and c.us is not None]
+        best = min(others, key=lambda c: c.us) if others else None
+        first = True
+        for cell in cr.cells.values():
+            name_ = f"{cr.case.series}, {cr.case.label}" if cr.case.series else cr.case.label
+            label = f"{name_} ({cr.bytes / 1e6:.3g} MB, K={cr.copies})" if first else ""
+            first = False
+            if cell.us is None:
+                lines.append(f"| {label} | {cell.provider} | {cell.error} | | | |")
+                continue
+            gb = _gbps(cr.bytes, cell.us) if cr.bytes else 0.0
+            pct = f"{100 * gb / ceiling:.0f}%" if ceiling else "–"
+            if cell.provider == subject:
+                sp = f"**{best.us / cell.us:.2f}×** vs {best.provider}" if best else "–"
+            elif subj is not None and subj.us is not None:
+                sp = f"{cell.us / subj.us:.2f}×"
+            else:
+                sp = ""
+            name = f"**{cell.provider}**" if cell.provider == subject else cell.provider
+            lines.append(f"| {label} | {name} | {_fmt_us(cell.us)} | {gb:.0f} | {pct} | {sp} |")
+    return "\n".join(lines)
+
+
+def header(family: str, machine: str, ceiling: tuple[float, str] | None, dry_run: bool) -> str:
+    v = versions()
+    vtxt = ", ".join(f"{k} {val}" for k, val in v.items())
+    out = [f"# {family} — {machine}", ""]
+    if dry_run:
+        out += ["**Dry run on the CPU: wiring check only, these are not benchmark numbers.**", ""]
+    out += [
+        f"- command: `{command_line()}`",
+        f"- date: {now_utc()}",
+        f"- versions: {vtxt}",
+    ]
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out.append(
+            f"- GPU: {p.name}, {p.multi_processor_count} SMs, L2 {l2_bytes() / 2**20:.0f} MiB, "
+            f"{p.total_memory / 2**30:.0f} GiB"
+        )
+    if ceiling:
+        out.append(f"- streaming ceiling: **{ceiling[0]:.0f} GB/s** ({ceiling[1]})")
+    out += [
+        f"- timing: {timer_name()}; one graph calls the op once on each of K input copies "
+        "(K × bytes > 2 × L2, so nothing is timed from cache), time ÷ K; host overhead excluded",
+        "- bytes: each input read once, each output written once; GB/s = bytes ÷ time",
+        "- speed-up: best other provider's time ÷ the subject's (subject row); "
+        "other rows: their time ÷ the subject's",
+    ]
+    return "\n".join(out)
+
+
+def plot_family(path: Path, family: str, results: list[OpResult], ceiling: float | None) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"plot skipped: {e}"
+    panels = []
+    for r in results:
+        series: dict[str, list[CaseResult]] = {}
+        for cr in r.cases:
+            series.setdefault(cr.case.series, []).append(cr)
+        for s, crs in series.items():
+            panels.append((f"{r.op.name} {s}".strip(), r.op.subject, crs))
+    if not panels:
+        return "plot skipped: no results"
+    ncols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 4.5 * nrows), squeeze=False)
+    for ax, (title, subject, crs) in zip(axes.flat, panels, strict=False):
+        crs = sorted(crs, key=lambda c: c.case.tokens)
+        providers: list[str] = []
+        for cr in crs:
+            providers += [p for p in cr.cells if p not in providers]
+        for p in providers:
+            pts = [
+                (cr.case.tokens, _gbps(cr.bytes, cr.cells[p].us))
+                for cr in crs
+                if p in cr.cells and cr.cells[p].us is not None and cr.bytes
+            ]
+            label = p
+            if not pts:
+                err = next((cr.cells[p].error for cr in crs if p in cr.cells), "") or ""
+                ax.plot([], [], label=f"{p} ({err.split(':')[0]})")
+                continue
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker="o", label=label, linewidth=2.5 if p == subject else 1.5)
+        if ceiling:
+            ax.axhline(
+                ceiling,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=f"ceiling {ceiling:.0f} GB/s",
+            )
+        ax.set_xscale("log")
+        ticks = sorted({cr.case.tokens for cr in crs})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("GB/s")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(f"{family} — {machine_name()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=f"benchmark the {family} family")
+    ap.add_argument("--tokens", help="only these token counts (comma separated)")
+    ap.add_argument("--providers", help="only these providers (comma separated)")
+    ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
+    ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")
+    ap.add_argument("--max-copy-gib", type=float, default=16.0, help="cap on memory of copies")
+    ap.add_argument("--ceiling", type=float, help="use this ceiling (GB/s) instead of measuring")
+    ap.add_argument("--out", help="results folder (default benchmarks/results/<gpu>)")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU needed: call every provider on the two smallest cases on the CPU",
+    )
+    ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
+    return ap.parse_args(argv)
+
+
+def run_family(family: str, ops: Iterable[Op], argv: Sequence[str] | None = None) -> int:
+    """Benchmark a family; print the tables, write <family>.md and <family>.png. Returns an exit
+    code: 0, or 1 if a subject provider is missing or failed on some case. Without a CUDA GPU
+    (and without --dry-run) it prints a skip line and returns 0."""
+    args = parse_args(argv, family)
+    ops = list(ops)
+    if not args.dry_run and not torch.cuda.is_available():
+        print(
+            f"SKIP bench_{family}: needs a CUDA GPU (torch.cuda.is_available() is False); "
+            "use --dry-run to check the wiring on the CPU"
+        )
+        return 0
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    machine = machine_name()
+    ceiling = None
+    if not args.dry_run:
+        if args.ceiling:
+            ceiling = (args.ceiling, "given on the command line")
+        else:
+            ceiling = streaming_ceiling()
+        print(f"streaming ceiling: {ceiling[0]:.0f} GB/s ({ceiling[1]})", flush=True)
+    results = [run_op(op, args, device) for op in ops]
+    head = header(family, machine, ceiling, args.dry_run)
+    body = [head]
+    for r in results:
+        body += ["", f"## {r.op.name}", "", op_table(r, ceiling[0] if ceiling else None)]
+    text = "\n".join(body) + "\n"
+    write = not args.no_write and (not args.dry_run or args.out)
+    if write:
+        out_dir = Path(args.out) if args.out else results_dir(machine)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        png = out_dir / f"{family}.png"
+        note = plot_family(png, family, results, ceiling[0] if ceiling else None)
+        if png.exists():
+            text += f"\n![{family}]({family}.png)\n"
+        (out_dir / f"{family}.md").write_text(text)
+        print(text)
+        print(f"written: {out_dir / (family + '.md')}; {note}")
+    else:
+        print(text)
+    bad = [
+        f"{r.op.name} {cr.case.label}: {cr.cells[r.op.subject].error}"
+        for r in results
+        for cr in r.cases
+        if r.op.subject in cr.cells and cr.cells[r.op.subject].us is None
+    ]
+    if bad:
+        print(f"!! {len(bad)} case(s) without a {results[0].op.subject if results else ''} time:")
+        for b in bad:
+            print("   ", b)
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="measure the streaming ceiling (GB/s)")
+    ap.add_argument("--gib", type=float, default=4.0)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("SKIP ceiling: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 0
+    gbps, desc = streaming_ceiling(args.gib)
+    text = "\n".join(
+        [
+            f"# streaming ceiling — {machine_name()}",
+            "",
+            f"- command: `{command_line()}`",
+            f"- date: {now_utc()}",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
+            f"- timing: {timer_name()}",
+            "",
+            f"**{gbps:.0f} GB/s** — {desc}",
+            "",
+        ]
+    )
+    print(text)
+    if not args.no_write:
+        path = results_dir() / "ceiling.md"
+        path.write_text(text)
+        print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
