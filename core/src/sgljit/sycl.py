@@ -1,0 +1,683 @@
+"""SYCL kernels: :func:`load_jit_sycl` and its two routes.
+
+* ``icpx`` (Intel GPU hosts with oneAPI): the sources are compiled ahead of time with
+  ``icpx -fsycl`` into a shared library through core's module cache, loaded with ctypes.
+* ``rtc`` (everywhere the runtime wheels are installed, no toolkit): the sources are compiled at run
+  time by the SYCL runtime's ``kernel_compiler`` extension, through a small host bridge
+  (``csrc/sycl_bridge.cpp``) built once with the host c++. On a machine with no Intel GPU this runs
+  the kernels on the SYCL CPU device (Intel's OpenCL CPU runtime)::
+
+      pip install intel-sycl-rt==2026.1.2 intel-opencl-rt==2026.1.2
+
+``route="auto"`` takes icpx when it is on PATH, else rtc. Both routes launch through the same C ABI
+(``csrc/sycl_bridge.hpp``), on torch's current XPU queue for ``xpu`` tensors (asynchronously) and on
+the SYCL CPU device for CPU tensors (waiting: the caller reads host memory right after).
+
+Example (one kernel source serves both routes; see include/README.md for the convention)::
+
+    import torch, sgljit
+    mod = sgljit.load_jit_sycl("scale", "fp32_t", sycl_files=["scale.hpp"],
+                               extra_sycl_cflags=["-DSGLJIT_T=fp32_t"])
+    fn = mod.get_function("scale", ("ptr", "ptr", "f32", "i64"))
+    x = torch.randn(1000); out = torch.empty_like(x)
+    fn(1024, 64, x, out, 2.0, x.numel())          # global size, work-group size, *args
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import importlib.metadata
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .cache import BuildSpec, cache_key, cache_root, get_or_build
+from .errors import CompileError, SgljitError
+from .jit_utils import cache_once, module_name
+from .toolchain import compiler_identity, host_cxx, short_hash
+
+__all__ = [
+    "ARG_KINDS",
+    "INSTALL_HINT",
+    "IcpxPlan",
+    "SYCLFunction",
+    "SYCLModule",
+    "SYCLRuntimeNotFound",
+    "bridge",
+    "bridge_spec",
+    "describe",
+    "find_runtime",
+    "load_jit_sycl",
+    "plan_icpx_build",
+    "sycl_targets",
+]
+
+logger = logging.getLogger("sgljit")
+
+INSTALL_HINT = "pip install intel-sycl-rt==2026.1.2 intel-opencl-rt==2026.1.2"
+INCLUDE_DIR = Path(__file__).parent / "include"
+CSRC_DIR = Path(__file__).parent / "csrc"
+ROUTES = ("auto", "icpx", "rtc")
+
+# Kernel argument kinds → the numbers csrc/sycl_bridge.hpp's ArgKind uses, and their ctypes.
+ARG_KINDS = {"ptr": 0, "i32": 1, "i64": 2, "u32": 3, "u64": 4, "f32": 5, "f64": 6}
+_CTYPES = {
+    "ptr": ctypes.c_void_p,
+    "i32": ctypes.c_int32,
+    "i64": ctypes.c_int64,
+    "u32": ctypes.c_uint32,
+    "u64": ctypes.c_uint64,
+    "f32": ctypes.c_float,
+    "f64": ctypes.c_double,
+}
+
+# Flags that keep icpx's numerics those of the reference: icpx defaults to -fp-model=fast
+# (reassociation, flush-to-zero, approximate math), which the CUDA side does not use either.
+ICPX_NUMERICS_FLAGS = (
+    "-fp-model=precise",
+    "-fhonor-nans",
+    "-fhonor-infinities",
+    "-fno-associative-math",
+    "-no-ftz",
+)
+BRIDGE_FLAGS = (
+    "-std=c++17",
+    "-O2",
+    "-fPIC",
+    "-shared",
+    "-fvisibility=hidden",
+    "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
+    "-Wno-deprecated-declarations",
+)
+
+
+class SYCLRuntimeNotFound(SgljitError):
+    """The SYCL runtime (the ``intel-sycl-rt`` wheel) is not installed."""
+
+
+# --------------------------------------------------------------------------------------------
+# The runtime wheels
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """Where the runtime wheels put things. ``opencl_cpu`` is None without ``intel-opencl-rt``."""
+
+    version: str
+    include: Path
+    lib: Path
+    opencl_cpu: Path | None
+
+
+def _dist_file(dist: str, suffix: str) -> Path | None:
+    try:
+        files = importlib.metadata.distribution(dist).files or ()
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.as_posix().endswith(suffix):
+            return Path(f.locate()).resolve()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def find_runtime() -> Runtime:
+    """Locate the SYCL runtime installed from PyPI (headers, ``libsycl.so``, Intel's OpenCL CPU
+    library), or raise :class:`SYCLRuntimeNotFound` naming the packages to install."""
+    libsycl = _dist_file("intel-sycl-rt", "/libsycl.so")
+    header = _dist_file("intel-sycl-rt", "include/sycl/sycl.hpp")
+    if libsycl is None or header is None:
+        raise SYCLRuntimeNotFound(
+            "the SYCL runtime is not installed (needed to run SYCL kernels without oneAPI's icpx, "
+            f"e.g. on the SYCL CPU device): {INSTALL_HINT}"
+        )
+    return Runtime(
+        version=importlib.metadata.version("intel-sycl-rt"),
+        include=header.parent.parent,
+        lib=libsycl.parent,
+        opencl_cpu=_dist_file("intel-opencl-rt", "/libintelocl.so"),
+    )
+
+
+def _configure_opencl_loader(rt: Runtime) -> None:
+    """Point the OpenCL ICD loader at Intel's CPU runtime from the wheel, before libsycl loads.
+
+    The wheel's .icd file holds a placeholder path, and a system ICD (pocl) can win the CPU
+    selector and then fail to build SPIR-V; so, unless the user set them: OCL_ICD_FILENAMES = the
+    wheel's libintelocl.so, OCL_ICD_VENDORS = an empty folder (no system ICDs).
+    """
+    if rt.opencl_cpu is None:
+        return
+    if "OCL_ICD_FILENAMES" not in os.environ:
+        os.environ["OCL_ICD_FILENAMES"] = str(rt.opencl_cpu)
+    if "OCL_ICD_VENDORS" not in os.environ:
+        empty = cache_root() / "sycl" / "no-opencl-vendors"
+        empty.mkdir(parents=True, exist_ok=True)
+        os.environ["OCL_ICD_VENDORS"] = str(empty)
+
+
+# --------------------------------------------------------------------------------------------
+# The C ABI both routes export (csrc/sycl_bridge.hpp)
+
+
+def _declare_abi(lib: ctypes.CDLL) -> ctypes.CDLL:
+    vp, c_int = ctypes.c_void_p, ctypes.c_int
+    lib.sgljit_sycl_abi_version.restype = c_int
+    lib.sgljit_sycl_last_error.restype = ctypes.c_char_p
+    lib.sgljit_sycl_last_error_kind.restype = c_int
+    lib.sgljit_sycl_cpu_queue.restype = vp
+    lib.sgljit_sycl_devices.restype = ctypes.c_char_p
+    lib.sgljit_sycl_launch.restype = c_int
+    lib.sgljit_sycl_launch.argtypes = [
+        vp, vp, c_int, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t),
+        c_int, ctypes.POINTER(ctypes.c_int8), ctypes.POINTER(vp), c_int,
+    ]  # fmt: skip
+    if lib.sgljit_sycl_abi_version() != 1:
+        raise OSError(f"{lib._name}: unexpected bridge ABI version")
+    return lib
+
+
+def _last_error(lib: ctypes.CDLL) -> str:
+    return (lib.sgljit_sycl_last_error() or b"").decode(errors="replace")
+
+
+def _load_bridge(path: Path) -> ctypes.CDLL:
+    # Never dlclose'd (ctypes does not): kernels and queues made by it live until exit.
+    lib = _declare_abi(ctypes.CDLL(str(path)))
+    lib.sgljit_sycl_build.restype = ctypes.c_void_p
+    lib.sgljit_sycl_build.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_char_p),
+    ]
+    lib.sgljit_sycl_get_kernel.restype = ctypes.c_void_p
+    lib.sgljit_sycl_get_kernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    return lib
+
+
+def _run_compiler(cmd: list[str], cwd: Path, source: Path | str) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CompileError(
+            f"{Path(cmd[0]).name} failed (exit {proc.returncode})",
+            command=shlex.join(cmd),
+            source_path=str(source),
+            output=proc.stdout + proc.stderr,
+        )
+
+
+def bridge_spec(csrc_dir: Path = CSRC_DIR) -> BuildSpec:
+    """The cache spec of the runtime-compiler bridge: its sources, the host compiler, the runtime
+    version and location (the library is linked with an rpath to it) are all in the key."""
+    rt = find_runtime()
+    cxx = host_cxx()
+    source = Path(csrc_dir) / "sycl_bridge.cpp"
+    artifact = "libsgljit_sycl_bridge.so"
+
+    def build(folder: Path) -> None:
+        cmd = [
+            cxx, *BRIDGE_FLAGS, f"-I{csrc_dir}", f"-I{rt.include}", str(source),
+            "-o", artifact, f"-L{rt.lib}", f"-Wl,-rpath,{rt.lib}", "-lsycl",
+        ]  # fmt: skip
+        _run_compiler(cmd, folder, source)
+
+    return BuildSpec(
+        backend="sycl",
+        arch="bridge",
+        name="sycl_bridge",
+        artifact=artifact,
+        inputs=(source, Path(csrc_dir) / "sycl_bridge.hpp"),
+        fingerprint=(
+            compiler_identity(cxx),
+            f"intel-sycl-rt=={rt.version}",
+            str(rt.lib),
+            *BRIDGE_FLAGS,
+        ),
+        build=build,
+        load=_load_bridge,
+    )
+
+
+@cache_once
+def bridge() -> ctypes.CDLL:
+    """The runtime-compiler bridge, built on first use (a few seconds) and cached on disk."""
+    _configure_opencl_loader(find_runtime())
+    return get_or_build(bridge_spec())
+
+
+# --------------------------------------------------------------------------------------------
+# Modules and launchers
+
+
+def _dims(size: int | Sequence[int], what: str) -> tuple[int, ...]:
+    dims = (int(size),) if isinstance(size, int) else tuple(int(s) for s in size)
+    if not 1 <= len(dims) <= 3 or min(dims) < 1:
+        raise ValueError(
+            f"{what} must be a positive int or a tuple of 1-3 positive ints, got {size!r}"
+        )
+    return dims
+
+
+class SYCLFunction:
+    """A kernel with a fixed signature: ``fn(global_size, local_size, *args)``.
+
+    ``global_size`` is the total number of work-items per dimension (a multiple of ``local_size``,
+    the work-group size). Tensors pass as ``ptr`` (their ``data_ptr()``); all tensors must be on one
+    device, which picks the queue.
+    """
+
+    def __init__(self, module: SYCLModule, name: str, argtypes: Sequence[str]):
+        unknown = [a for a in argtypes if a not in ARG_KINDS]
+        if unknown:
+            raise ValueError(
+                f"get_function({name!r}): unknown argument kinds {unknown}; use {list(ARG_KINDS)}"
+            )
+        self.module, self.name, self.argtypes = module, name, tuple(argtypes)
+        self._kinds = (ctypes.c_int8 * len(argtypes))(*(ARG_KINDS[a] for a in argtypes))
+        self._kernels: dict[str, int] = {}  # device key → sycl::kernel*
+
+    def __repr__(self) -> str:
+        return f"<SYCLFunction {self.name}({', '.join(self.argtypes)}) of {self.module.name} ({self.module.route})>"
+
+    def __call__(
+        self, global_size: int | Sequence[int], local_size: int | Sequence[int], *args: Any
+    ) -> None:
+        if len(args) != len(self.argtypes):
+            raise TypeError(f"{self.name} takes {len(self.argtypes)} arguments, got {len(args)}")
+        g, loc = _dims(global_size, "global_size"), _dims(local_size, "local_size")
+        if len(g) != len(loc) or any(a % b for a, b in zip(g, loc)):
+            raise ValueError(f"{self.name}: global_size {g} must be a multiple of local_size {loc}")
+        device = None
+        values = []
+        for kind, arg in zip(self.argtypes, args):
+            if kind == "ptr":
+                if hasattr(arg, "data_ptr"):
+                    if device is not None and arg.device != device:
+                        raise ValueError(f"{self.name}: tensors on {device} and {arg.device}")
+                    device, arg = arg.device, arg.data_ptr()
+                values.append(ctypes.c_void_p(arg))
+            else:
+                values.append(_CTYPES[kind](arg))
+        queue, key, wait = self.module._queue(device)
+        kernel = self._kernels.get(key) or self._kernels.setdefault(
+            key, self.module._kernel(self.name, queue, key)
+        )
+        n = len(values)
+        ok = self.module._lib.sgljit_sycl_launch(
+            queue, kernel, len(g), (ctypes.c_size_t * 3)(*g), (ctypes.c_size_t * 3)(*loc),
+            n, self._kinds, (ctypes.c_void_p * n)(*(ctypes.addressof(v) for v in values)), wait,
+        )  # fmt: skip
+        if not ok:
+            raise RuntimeError(
+                f"SYCL kernel {self.name} ({self.module.name}) failed: {_last_error(self.module._lib)}"
+            )
+
+
+class SYCLModule:
+    """A loaded SYCL module. ``get_function(name, argtypes)`` gives a launcher (cached per signature)."""
+
+    def __init__(
+        self, name: str, route: str, key: str, lib: ctypes.CDLL, *, source: str = "", options=()
+    ):
+        self.name, self.route, self.key = name, route, key
+        self._lib = lib
+        self._source, self._options = source, tuple(options)
+        self._functions: dict[tuple[str, tuple[str, ...]], SYCLFunction] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<SYCLModule {self.name} route={self.route} key={self.key}>"
+
+    def get_function(self, name: str, argtypes: Sequence[str]) -> SYCLFunction:
+        sig = (name, tuple(argtypes))
+        fn = self._functions.get(sig)
+        if fn is None:
+            fn = self._functions.setdefault(sig, SYCLFunction(self, name, argtypes))
+        return fn
+
+    def _queue(self, device) -> tuple[int, str, int]:
+        """(sycl::queue*, device key, wait) for tensors on ``device`` (None: no tensor arguments)."""
+        if device is None or device.type == "cpu":
+            queue = self._lib.sgljit_sycl_cpu_queue()
+            if not queue:
+                raise RuntimeError(
+                    f"no SYCL CPU device: {_last_error(self._lib)} (for the CPU device: {INSTALL_HINT})"
+                )
+            return queue, "cpu", 1
+        if device.type == "xpu":
+            import torch
+
+            queue = torch.xpu.current_stream(device).sycl_queue  # torch's sycl::queue*, as an int
+            return int(getattr(queue, "value", queue)), f"xpu:{device.index or 0}", 0
+        raise ValueError(f"SYCL kernels run on xpu or cpu tensors, not {device}")
+
+    def _kernel(self, name: str, queue: int, device_key: str) -> int:
+        with self._lock:
+            if self.route == "rtc":
+                bundle = _rtc_bundle(self, queue, device_key)
+                kernel = self._lib.sgljit_sycl_get_kernel(bundle, name.encode())
+            else:
+                getter = getattr(self._lib, f"sgljit_sycl_kernel_{name}", None)
+                if getter is None:
+                    raise AttributeError(
+                        f'no kernel {name!r} in {self.name}: icpx modules export the extern "C" nd-range '
+                        "free functions found in the sources (see include/README.md)"
+                    )
+                getter.restype, getter.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+                kernel = getter(queue)
+        if not kernel:
+            raise AttributeError(f"{self.name}: {_last_error(self._lib)}")
+        return kernel
+
+
+# Bundles built by the runtime compiler, per process (its persistent cache crashes in 2026.1.2):
+# (module key, device key) → kernel_bundle*. Never freed: launched kernels reference them.
+_bundles: dict[tuple[str, str], int] = {}
+_bundles_lock = threading.Lock()
+
+
+def _rtc_bundle(module: SYCLModule, queue: int, device_key: str) -> int:
+    with _bundles_lock:
+        bundle = _bundles.get((module.key, device_key))
+        if bundle:
+            return bundle
+        lib = module._lib
+        opts = [o.encode() for o in module._options]
+        logger.info(
+            "sgljit: compiling SYCL module %s on %s (runtime compiler) ...", module.name, device_key
+        )
+        bundle = lib.sgljit_sycl_build(
+            queue, module._source.encode(), len(opts), (ctypes.c_char_p * len(opts))(*opts)
+        )
+        if not bundle:
+            message = _last_error(lib)
+            if lib.sgljit_sycl_last_error_kind() == 1:
+                raise CompileError(
+                    f"SYCL module {module.name!r} failed to compile (runtime compiler, {device_key})",
+                    command="kernel_compiler build options: " + shlex.join(module._options),
+                    source_path=module._source,
+                    output=message,
+                )
+            raise RuntimeError(f"SYCL module {module.name!r}: {message}")
+        _bundles[(module.key, device_key)] = bundle
+        return bundle
+
+
+def _sources(sycl_files: Sequence[str | os.PathLike]) -> tuple[Path, ...]:
+    files = tuple(Path(f).resolve() for f in sycl_files)
+    if not files:
+        raise ValueError("load_jit_sycl: give at least one file in sycl_files")
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"load_jit_sycl: sycl file not found: {f}")
+    return files
+
+
+def _key_inputs(files: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> tuple[Path, ...]:
+    # Transitive headers: every header next to a source, in each include dir and in core's tree.
+    dirs = dict.fromkeys([*(f.parent for f in files), *include_dirs, INCLUDE_DIR])
+    return (*files, *dirs)
+
+
+def _load_rtc(name, files, include_dirs, cflags) -> SYCLModule:
+    rt = find_runtime()
+    lib = bridge()
+    source = "".join(f'#include "{f}"\n' for f in files)
+    options = (f"-I{INCLUDE_DIR}", *(f"-I{d}" for d in include_dirs), *cflags)
+    spec = BuildSpec(  # only its key is used: bundles are rebuilt in each process, not published
+        backend="sycl",
+        arch="rtc",
+        name=name,
+        artifact="",
+        files={"module.cpp": source},
+        inputs=_key_inputs(files, include_dirs),
+        fingerprint=(f"intel-sycl-rt=={rt.version}", *options),
+        build=lambda folder: None,
+        load=lambda path: None,
+    )
+    return SYCLModule(name, "rtc", cache_key(spec), lib, source=source, options=options)
+
+
+# --------------------------------------------------------------------------------------------
+# The icpx route
+
+# An nd-range free-function kernel as the convention writes it: extern "C", properties, void name(.
+_KERNEL_RE = re.compile(
+    r'extern\s+"C"\s+((?:SYCL_EXT_ONEAPI_FUNCTION_PROPERTY\s*\(\(.*?\)\)\s*)+)void\s+(\w+)\s*\(',
+    re.S,
+)
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def find_kernels(text: str) -> tuple[str, ...]:
+    """Names of the nd-range free-function kernels in a source, in order.
+
+    >>> find_kernels('extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))'
+    ...              ' void scale(const float* x) {}')
+    ('scale',)
+    """
+    text = _COMMENT_RE.sub(" ", text)
+    return tuple(m.group(2) for m in _KERNEL_RE.finditer(text) if "nd_range_kernel" in m.group(1))
+
+
+_XPU_TARGETS = (
+    ("Max", "intel_gpu_pvc"),
+    ("B580", "intel_gpu_bmg_g21"),
+    ("B570", "intel_gpu_bmg_g21"),
+)
+
+
+def sycl_targets() -> tuple[str, ...]:
+    """AOT targets for icpx: ``$SGLJIT_SYCL_TARGETS`` (comma separated), else the current XPU's,
+    else ``spir64`` (JIT-compiled by the driver at first launch) with a warning."""
+    override = [t for t in re.split(r"[,\s]+", os.environ.get("SGLJIT_SYCL_TARGETS", "")) if t]
+    if override:
+        return tuple(override)
+    try:
+        import torch
+
+        if torch.xpu.is_available():
+            name = torch.xpu.get_device_properties(torch.xpu.current_device()).name
+            for needle, target in _XPU_TARGETS:
+                if needle in name:
+                    return (target,)
+            warnings.warn(
+                f"sgljit: no AOT target known for XPU {name!r}; building spir64 (JIT at first launch). "
+                "Set SGLJIT_SYCL_TARGETS (e.g. intel_gpu_pvc) to compile ahead of time.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return ("spir64",)
+    except (ImportError, AttributeError, RuntimeError):
+        pass
+    warnings.warn(
+        "sgljit: no XPU found and SGLJIT_SYCL_TARGETS unset; building spir64",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return ("spir64",)
+
+
+@dataclasses.dataclass(frozen=True)
+class IcpxPlan:
+    """What the icpx route would run: the exact command (run inside the staging folder), the cache
+    key, the generated translation unit and the kernels it exports."""
+
+    name: str
+    key: str
+    command: tuple[str, ...]
+    source: str
+    kernels: tuple[str, ...]
+    targets: tuple[str, ...]
+    spec: BuildSpec
+
+
+def _icpx_source(name: str, files: tuple[Path, ...], kernels: tuple[str, ...], tag: str) -> str:
+    lines = [
+        f"// Generated by sgljit for SYCL module {name} (icpx route).",
+        "#include <sycl/sycl.hpp>",
+        "#include <sgljit/sycl/kernel.hpp>",
+        '#include "sycl_bridge.hpp"',
+        "// DPC++ kernel names are process-wide: give this module's kernels unique names, so that two",
+        '// specializations of one source (same extern "C" names) never run each other\'s code.',
+        *(f"#define {k} {k}__{tag}" for k in kernels),
+        *(f'#include "{f}"' for f in files),
+        *(f"#undef {k}" for k in kernels),
+    ]
+    for k in kernels:
+        lines += [
+            f"SGLJIT_SYCL_API void* sgljit_sycl_kernel_{k}(void* queue) {{",
+            "  return sgljit_bridge::guarded([&]() -> void* {",
+            "    auto& q = *static_cast<sycl::queue*>(queue);",
+            f"    sycl::kernel_id id = syclexp::get_kernel_id<{k}__{tag}>();",
+            "    auto bundle = sycl::get_kernel_bundle<sycl::bundle_state::executable>(",
+            "        q.get_context(), {q.get_device()}, {id});",
+            "    return new sycl::kernel(bundle.get_kernel(id));",
+            "  }, static_cast<void*>(nullptr));",
+            "}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plan_icpx_build(
+    *markers: Any,
+    sycl_files: Sequence[str | os.PathLike] = (),
+    include_dirs: Sequence[str | os.PathLike] = (),
+    extra_sycl_cflags: Sequence[str] = (),
+    extra_ldflags: Sequence[str] = (),
+    icpx: str | None = None,
+) -> IcpxPlan:
+    """Plan the icpx build of a module without running anything (a dry run: icpx need not exist).
+
+    >>> plan = plan_icpx_build("scale", sycl_files=[INCLUDE_DIR / "sgljit/sycl/kernel.hpp"])  # doctest: +SKIP
+    >>> plan.command[:2], plan.key  # doctest: +SKIP
+    (('icpx', '-fsycl'), '3f1c...')
+    """
+    name = module_name(*markers)
+    files = _sources(sycl_files)
+    incs = tuple(Path(d).resolve() for d in include_dirs)
+    texts = [f.read_text() for f in files]
+    kernels = tuple(dict.fromkeys(k for t in texts for k in find_kernels(t)))
+    if not kernels:
+        raise ValueError(
+            f"load_jit_sycl({name}): no kernels found in {[str(f) for f in files]}; the icpx route needs "
+            'extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<N>)) void name(...)'
+        )
+    icpx = icpx or os.environ.get("SGLJIT_ICPX") or "icpx"
+    targets = sycl_targets()
+    artifact = f"lib{name}.so"
+    command = (
+        icpx, "-fsycl", "-O3", "-std=c++17", "-fPIC", "-shared", *ICPX_NUMERICS_FLAGS,
+        f"-fsycl-targets={','.join(targets)}", f"-I{INCLUDE_DIR}", f"-I{CSRC_DIR}",
+        *(f"-I{d}" for d in incs), *extra_sycl_cflags, "module.cpp", "-o", artifact, *extra_ldflags,
+    )  # fmt: skip
+    tag = short_hash(name, *command)
+    source = _icpx_source(name, files, kernels, tag)
+    identity = compiler_identity(icpx) if shutil.which(icpx) else f"{icpx} (not found)"
+
+    def build(folder: Path) -> None:
+        _run_compiler(list(command), folder, folder / "module.cpp")
+
+    spec = BuildSpec(
+        backend="sycl",
+        arch="+".join(targets),
+        name=name,
+        artifact=artifact,
+        files={"module.cpp": source},
+        inputs=(*_key_inputs(files, incs), CSRC_DIR / "sycl_bridge.hpp"),
+        fingerprint=(identity, *command),
+        build=build,
+        load=lambda path: _declare_abi(ctypes.CDLL(str(path))),  # never dlclose'd
+    )
+    return IcpxPlan(name, cache_key(spec), command, source, kernels, targets, spec)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+
+
+def _pick_route(route: str) -> str:
+    if route not in ROUTES:
+        raise ValueError(f"load_jit_sycl: route must be one of {ROUTES}, got {route!r}")
+    if route == "auto":
+        return "icpx" if shutil.which(os.environ.get("SGLJIT_ICPX") or "icpx") else "rtc"
+    return route
+
+
+def load_jit_sycl(
+    *markers: Any,
+    sycl_files: Sequence[str | os.PathLike] = (),
+    include_dirs: Sequence[str | os.PathLike] = (),
+    extra_sycl_cflags: Sequence[str] = (),
+    extra_ldflags: Sequence[str] = (),
+    route: str = "auto",
+) -> SYCLModule:
+    """Compile SYCL kernel sources into a module (memoized in-process and, for icpx, on disk).
+
+    ``markers`` name the specialization (module name = markers joined); ``extra_sycl_cflags``
+    specialize the source (``-DSGLJIT_T=bf16_t``, sizes). ``extra_ldflags`` apply to icpx only.
+    Wrap loaders in :func:`sgljit.cache_once`: each call hashes the sources.
+    """
+    route = _pick_route(route)
+    if route == "icpx":
+        plan = plan_icpx_build(
+            *markers,
+            sycl_files=sycl_files,
+            include_dirs=include_dirs,
+            extra_sycl_cflags=extra_sycl_cflags,
+            extra_ldflags=extra_ldflags,
+        )
+        return SYCLModule(plan.name, "icpx", plan.key, get_or_build(plan.spec))
+    files = _sources(sycl_files)
+    incs = tuple(Path(d).resolve() for d in include_dirs)
+    return _load_rtc(module_name(*markers), files, incs, tuple(extra_sycl_cflags))
+
+
+def describe() -> dict[str, Any]:
+    """What ``sgljit info`` prints about SYCL: runtime, devices, routes, icpx.
+
+    >>> sorted(describe())  # doctest: +SKIP
+    ['default_route', 'devices', 'error', 'icpx', 'opencl_loader', 'routes', 'runtime']
+    """
+    icpx = shutil.which(os.environ.get("SGLJIT_ICPX") or "icpx")
+    info: dict[str, Any] = {
+        "runtime": None,
+        "devices": [],
+        "routes": [],
+        "icpx": icpx,
+        "error": None,
+    }
+    if icpx:
+        info["routes"].append("icpx")
+    try:
+        rt = find_runtime()
+        info["runtime"] = f"intel-sycl-rt {rt.version} ({rt.lib})"
+        info["routes"].append("rtc")
+        text = (bridge().sgljit_sycl_devices() or b"").decode()
+        for line in text.splitlines():
+            backend, kind, name, can_build, sub_groups = line.split("\t")
+            info["devices"].append(
+                {
+                    "backend": backend,
+                    "type": kind,
+                    "name": name,
+                    "can_build_source": can_build == "1",
+                    "sub_group_sizes": [int(s) for s in sub_groups.split()],
+                }
+            )
+    except (SgljitError, OSError) as err:
+        info["error"] = str(err)
+    info["default_route"] = info["routes"][0] if info["routes"] else None
+    info["opencl_loader"] = {k: os.environ.get(k) for k in ("OCL_ICD_FILENAMES", "OCL_ICD_VENDORS")}
+    return info
