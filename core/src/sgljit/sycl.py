@@ -288,7 +288,8 @@ class SYCLFunction:
         self._kernels: dict[str, int] = {}  # device key → sycl::kernel*
 
     def __repr__(self) -> str:
-        return f"<SYCLFunction {self.name}({', '.join(self.argtypes)}) of {self.module.name} ({self.module.route})>"
+        sig = ", ".join(self.argtypes)
+        return f"<SYCLFunction {self.name}({sig}) of {self.module.name} ({self.module.route})>"
 
     def __call__(
         self, global_size: int | Sequence[int], local_size: int | Sequence[int], *args: Any
@@ -296,11 +297,11 @@ class SYCLFunction:
         if len(args) != len(self.argtypes):
             raise TypeError(f"{self.name} takes {len(self.argtypes)} arguments, got {len(args)}")
         g, loc = _dims(global_size, "global_size"), _dims(local_size, "local_size")
-        if len(g) != len(loc) or any(a % b for a, b in zip(g, loc)):
+        if len(g) != len(loc) or any(a % b for a, b in zip(g, loc, strict=True)):
             raise ValueError(f"{self.name}: global_size {g} must be a multiple of local_size {loc}")
         device = None
         values = []
-        for kind, arg in zip(self.argtypes, args):
+        for kind, arg in zip(self.argtypes, args, strict=True):
             if kind == "ptr":
                 if hasattr(arg, "data_ptr"):
                     if device is not None and arg.device != device:
@@ -320,12 +321,13 @@ class SYCLFunction:
         )  # fmt: skip
         if not ok:
             raise RuntimeError(
-                f"SYCL kernel {self.name} ({self.module.name}) failed: {_last_error(self.module._lib)}"
+                f"SYCL kernel {self.name} ({self.module.name}) failed: "
+                f"{_last_error(self.module._lib)}"
             )
 
 
 class SYCLModule:
-    """A loaded SYCL module. ``get_function(name, argtypes)`` gives a launcher (cached per signature)."""
+    """A loaded SYCL module; ``get_function(name, argtypes)`` gives its launchers."""
 
     def __init__(
         self, name: str, route: str, key: str, lib: ctypes.CDLL, *, source: str = "", options=()
@@ -347,12 +349,13 @@ class SYCLModule:
         return fn
 
     def _queue(self, device) -> tuple[int, str, int]:
-        """(sycl::queue*, device key, wait) for tensors on ``device`` (None: no tensor arguments)."""
+        """(sycl::queue*, device key, wait) for tensors on ``device`` (None: no tensors)."""
         if device is None or device.type == "cpu":
             queue = self._lib.sgljit_sycl_cpu_queue()
             if not queue:
                 raise RuntimeError(
-                    f"no SYCL CPU device: {_last_error(self._lib)} (for the CPU device: {INSTALL_HINT})"
+                    f"no SYCL CPU device: {_last_error(self._lib)} "
+                    f"(the SYCL CPU device comes from: {INSTALL_HINT})"
                 )
             return queue, "cpu", 1
         if device.type == "xpu":
@@ -371,8 +374,9 @@ class SYCLModule:
                 getter = getattr(self._lib, f"sgljit_sycl_kernel_{name}", None)
                 if getter is None:
                     raise AttributeError(
-                        f'no kernel {name!r} in {self.name}: icpx modules export the extern "C" nd-range '
-                        "free functions found in the sources (see include/README.md)"
+                        f"no kernel {name!r} in {self.name}: icpx modules export the "
+                        'extern "C" nd-range free functions found in the sources '
+                        "(see include/README.md)"
                     )
                 getter.restype, getter.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
                 kernel = getter(queue)
@@ -404,7 +408,8 @@ def _rtc_bundle(module: SYCLModule, queue: int, device_key: str) -> int:
             message = _last_error(lib)
             if lib.sgljit_sycl_last_error_kind() == 1:
                 raise CompileError(
-                    f"SYCL module {module.name!r} failed to compile (runtime compiler, {device_key})",
+                    f"SYCL module {module.name!r} failed to compile "
+                    f"(runtime compiler, {device_key})",
                     command="kernel_compiler build options: " + shlex.join(module._options),
                     source_path=module._source,
                     output=message,
@@ -493,7 +498,8 @@ def sycl_targets() -> tuple[str, ...]:
                 if needle in name:
                     return (target,)
             warnings.warn(
-                f"sgljit: no AOT target known for XPU {name!r}; building spir64 (JIT at first launch). "
+                f"sgljit: no AOT target known for XPU {name!r}; building spir64 "
+                "(JIT-compiled at first launch). "
                 "Set SGLJIT_SYCL_TARGETS (e.g. intel_gpu_pvc) to compile ahead of time.",
                 RuntimeWarning,
                 stacklevel=3,
@@ -529,8 +535,8 @@ def _icpx_source(name: str, files: tuple[Path, ...], kernels: tuple[str, ...], t
         "#include <sycl/sycl.hpp>",
         "#include <sgljit/sycl/kernel.hpp>",
         '#include "sycl_bridge.hpp"',
-        "// DPC++ kernel names are process-wide: give this module's kernels unique names, so that two",
-        '// specializations of one source (same extern "C" names) never run each other\'s code.',
+        "// DPC++ kernel names are process-wide: give this module's kernels unique names, so",
+        '// two specializations of one source (same extern "C" names) never swap kernels.',
         *(f"#define {k} {k}__{tag}" for k in kernels),
         *(f'#include "{f}"' for f in files),
         *(f"#undef {k}" for k in kernels),
@@ -560,9 +566,9 @@ def plan_icpx_build(
 ) -> IcpxPlan:
     """Plan the icpx build of a module without running anything (a dry run: icpx need not exist).
 
-    >>> plan = plan_icpx_build("scale", sycl_files=[INCLUDE_DIR / "sgljit/sycl/kernel.hpp"])  # doctest: +SKIP
-    >>> plan.command[:2], plan.key  # doctest: +SKIP
-    (('icpx', '-fsycl'), '3f1c...')
+    >>> plan = plan_icpx_build("scale", sycl_files=["scale.hpp"])  # doctest: +SKIP
+    >>> plan.command[:2], plan.kernels  # doctest: +SKIP
+    (('icpx', '-fsycl'), ('scale',))
     """
     name = module_name(*markers)
     files = _sources(sycl_files)
@@ -571,8 +577,9 @@ def plan_icpx_build(
     kernels = tuple(dict.fromkeys(k for t in texts for k in find_kernels(t)))
     if not kernels:
         raise ValueError(
-            f"load_jit_sycl({name}): no kernels found in {[str(f) for f in files]}; the icpx route needs "
-            'extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<N>)) void name(...)'
+            f"load_jit_sycl({name}): no kernels found in {[str(f) for f in files]}; the icpx "
+            'route needs extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY('
+            "(syclexp::nd_range_kernel<N>)) void name(...)"
         )
     icpx = icpx or os.environ.get("SGLJIT_ICPX") or "icpx"
     targets = sycl_targets()
