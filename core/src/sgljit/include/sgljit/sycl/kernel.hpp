@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <sycl/sycl.hpp>
 
 namespace syclexp = sycl::ext::oneapi::experimental;

@@ -1,0 +1,416 @@
+"""SYCL backend: load_jit_sycl on the SYCL CPU device (runtime compiler), the icpx plan, the cache.
+
+Runs wherever the runtime wheels are installed (``nox -s tests-xpu``); on a host with an Intel GPU
+the numerics tests also run on ``xpu``. Only the icpx plan tests run without the runtime.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import sgljit
+import torch
+from sgljit import sycl
+
+try:
+    sycl.find_runtime()
+    HAVE_RUNTIME = True
+except sycl.SYCLRuntimeNotFound:
+    HAVE_RUNTIME = False
+
+needs_runtime = pytest.mark.skipif(
+    not HAVE_RUNTIME, reason=f"needs the SYCL runtime: {sycl.INSTALL_HINT}"
+)
+DEVICES = ["cpu"] + (["xpu"] if hasattr(torch, "xpu") and torch.xpu.is_available() else [])
+
+# The worked example of include/README.md: a free-function kernel, specialized by -DSGLJIT_T.
+SCALE = textwrap.dedent(
+    """\
+    #include <sgljit/sycl/kernel.hpp>
+
+    using T = sgljit::scalar_t;
+
+    extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+    void scale(const T* x, T* out, float factor, int64_t n) {
+      const int64_t i = syclext::this_work_item::get_nd_item<1>().get_global_id(0);
+      if (i < n) out[i] = sgljit::from_float<T>(sgljit::to_float(x[i]) * factor);
+    }
+    """
+)
+
+# The same kernel written as a functor (icpx style), reused by a one-line free-function wrapper.
+SCALE_FUNCTOR = textwrap.dedent(
+    """\
+    #include <sgljit/sycl/kernel.hpp>
+
+    using T = sgljit::scalar_t;
+
+    struct ScaleKernel {
+      const T* x; T* out; float factor; int64_t n;
+      void operator()(sycl::nd_item<1> it) const {
+        const int64_t i = it.get_global_id(0);
+        if (i < n) out[i] = sgljit::from_float<T>(sgljit::to_float(x[i]) * factor);
+      }
+    };
+
+    extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+    void scale_functor(const T* x, T* out, float factor, int64_t n) {
+      ScaleKernel{x, out, factor, n}(syclext::this_work_item::get_nd_item<1>());
+    }
+    """
+)
+
+# Helpers of kernel.hpp: one work-group per row, 4-wide aligned loads, sub-group + work-group sums.
+ROW_STATS = textwrap.dedent(
+    """\
+    #include <sgljit/sycl/kernel.hpp>
+
+    extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+    SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<16>))
+    void row_stats(const float* x, float* sums, float* maxes, float* sg_sums, int64_t cols) {
+      auto it = syclext::this_work_item::get_nd_item<1>();
+      const int64_t row = it.get_group(0);
+      float s = 0.f, m = -std::numeric_limits<float>::infinity();
+      for (int64_t c = it.get_local_id(0) * 4; c < cols; c += it.get_local_range(0) * 4) {
+        sgljit::AlignedVector<float, 4> v;
+        v.load(x + row * cols + c);
+        for (int k = 0; k < 4; ++k) s += v[k], m = sycl::fmax(m, v[k]);
+      }
+      const float sg = sgljit::sub_group_reduce_sum(s);
+      s = sgljit::work_group_reduce_sum(s);
+      m = sgljit::work_group_reduce_max(m);
+      if (it.get_local_id(0) == 0) sums[row] = s, maxes[row] = m, sg_sums[row] = sg;
+    }
+    """
+)
+
+SCALE_ARGS = ("ptr", "ptr", "f32", "i64")
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+    return folder / name
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sycl_kernels")
+    write(folder, "scale.hpp", SCALE)
+    write(folder, "scale_functor.hpp", SCALE_FUNCTOR)
+    write(folder, "row_stats.hpp", ROW_STATS)
+    return folder
+
+
+def load_scale(folder: Path, dtype: torch.dtype, file: str = "scale.hpp") -> sycl.SYCLModule:
+    t = str(sgljit.make_cpp_args(dtype))
+    return sgljit.load_jit_sycl(
+        Path(file).stem,
+        t,
+        sycl_files=[folder / file],
+        extra_sycl_cflags=[f"-DSGLJIT_T={t}"],
+        route="rtc",
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Numerics
+
+
+@needs_runtime
+@pytest.mark.sycl
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_scale_matches_torch(kernels, device, dtype):
+    fn = load_scale(kernels, dtype).get_function("scale", SCALE_ARGS)
+    x = torch.randn(1000, dtype=dtype, device=device)
+    out = torch.full_like(x, float("nan"))
+    fn(1024, 64, x, out, 2.5, x.numel())
+    expected = (x.float() * 2.5).to(dtype)  # fp32 math, one rounding: exactly what the kernel does
+    torch.testing.assert_close(out.cpu(), expected.cpu(), rtol=0, atol=0)
+
+
+@needs_runtime
+@pytest.mark.sycl
+@pytest.mark.parametrize("device", DEVICES)
+def test_scale_functor_wrapper(kernels, device):
+    fn = load_scale(kernels, torch.float32, "scale_functor.hpp").get_function(
+        "scale_functor", SCALE_ARGS
+    )
+    x = torch.randn(300, device=device)
+    out = torch.empty_like(x)
+    fn(320, 32, x, out, -0.5, x.numel())
+    torch.testing.assert_close(out.cpu(), (x * -0.5).cpu(), rtol=0, atol=0)
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_kernel_helpers_reductions_and_aligned_vector(kernels):
+    mod = sgljit.load_jit_sycl("row_stats", sycl_files=[kernels / "row_stats.hpp"], route="rtc")
+    fn = mod.get_function("row_stats", ("ptr", "ptr", "ptr", "ptr", "i64"))
+    rows, cols, wg = 5, 4096, 64
+    x = torch.randn(rows, cols)
+    sums, maxes, sg_sums = torch.empty(rows), torch.empty(rows), torch.empty(rows)
+    fn(rows * wg, wg, x, sums, maxes, sg_sums, cols)
+    torch.testing.assert_close(sums, x.sum(1), rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(maxes, x.amax(1), rtol=0, atol=0)
+    # Work-item 0's sub-group (16 items, each striding 4 floats over 64 items) covers these columns:
+    cols_of_sg0 = (torch.arange(cols) // 4) % wg < 16
+    torch.testing.assert_close(sg_sums, x[:, cols_of_sg0].sum(1), rtol=1e-5, atol=1e-3)
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_get_function_is_cached_per_signature(kernels):
+    mod = load_scale(kernels, torch.float32)
+    assert mod.get_function("scale", SCALE_ARGS) is mod.get_function("scale", list(SCALE_ARGS))
+    assert mod.get_function("scale", SCALE_ARGS) is not mod.get_function("scale", ("ptr",) * 4)
+    # the same specialization loaded again shares the process's compiled bundle (same key)
+    assert load_scale(kernels, torch.float32).key == mod.key
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_launch_errors_name_the_problem(kernels):
+    mod = load_scale(kernels, torch.float32)
+    fn = mod.get_function("scale", SCALE_ARGS)
+    x = torch.zeros(8)
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        fn(8, 8, x, x, 1.0)
+    with pytest.raises(ValueError, match="multiple of local_size"):
+        fn(10, 4, x, x, 1.0, 8)
+    with pytest.raises(ValueError, match="unknown argument kinds"):
+        mod.get_function("scale", ("ptr", "float"))
+    with pytest.raises(AttributeError, match="no kernel named 'nope'"):
+        mod.get_function("nope", ("ptr",))(1, 1, x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_compile_error_carries_clang_diagnostics(tmp_path):
+    bad = write(
+        tmp_path, "bad.hpp", SCALE.replace("int64_t n) {", "int64_t n) { undeclared_thing();")
+    )
+    mod = sgljit.load_jit_sycl(
+        "bad", sycl_files=[bad], extra_sycl_cflags=["-DSGLJIT_T=float"], route="rtc"
+    )
+    with pytest.raises(sgljit.CompileError) as info:
+        mod.get_function("scale", SCALE_ARGS)(8, 8, torch.zeros(8), torch.zeros(8), 1.0, 8)
+    err = info.value
+    assert "use of undeclared identifier 'undeclared_thing'" in err.output
+    assert "bad.hpp" in err.output  # the diagnostic points into the user's file
+    assert "-DSGLJIT_T=float" in err.command
+    assert "undeclared_thing" in str(err)
+
+
+def test_missing_runtime_names_the_packages(monkeypatch):
+    monkeypatch.setattr(sycl, "_dist_file", lambda dist, suffix: None)
+    sycl.find_runtime.cache_clear()
+    try:
+        with pytest.raises(
+            sycl.SYCLRuntimeNotFound, match=r"pip install intel-sycl-rt==2026\.1\.2 intel-opencl-rt"
+        ):
+            sycl.find_runtime()
+    finally:
+        sycl.find_runtime.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# Cache behaviour
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_header_edit_rebuilds_the_kernel(tmp_path):
+    header = write(tmp_path / "inc", "factor.h", "#define FACTOR 2.0f\n")
+    src = write(
+        tmp_path,
+        "k.hpp",
+        SCALE.replace(
+            "#include <sgljit/sycl/kernel.hpp>",
+            '#include <sgljit/sycl/kernel.hpp>\n#include "factor.h"',
+        ).replace("* factor)", "* factor * FACTOR)"),
+    )
+
+    def run() -> tuple[str, torch.Tensor]:
+        mod = sgljit.load_jit_sycl(
+            "edit",
+            sycl_files=[src],
+            include_dirs=[header.parent],
+            extra_sycl_cflags=["-DSGLJIT_T=float"],
+            route="rtc",
+        )
+        x, out = torch.ones(16), torch.empty(16)
+        mod.get_function("scale", SCALE_ARGS)(16, 16, x, out, 1.0, 16)
+        return mod.key, out
+
+    key1, out1 = run()
+    header.write_text("#define FACTOR 3.0f\n")
+    key2, out2 = run()
+    assert key1 != key2
+    assert out1.eq(2).all() and out2.eq(3).all()
+
+
+@needs_runtime
+def test_bridge_key_follows_bridge_sources(tmp_path):
+    copy = tmp_path / "csrc"
+    shutil.copytree(sycl.CSRC_DIR, copy)
+    original = sgljit.cache.cache_key(sycl.bridge_spec())
+    assert sgljit.cache.cache_key(sycl.bridge_spec(copy)) == original  # contents, not paths
+    (copy / "sycl_bridge.hpp").write_text((copy / "sycl_bridge.hpp").read_text() + "\n// edit\n")
+    assert sgljit.cache.cache_key(sycl.bridge_spec(copy)) != original
+
+
+CHILD = textwrap.dedent(
+    """\
+    import sys, torch, sgljit
+    mod = sgljit.load_jit_sycl("scale", "fp32_t", sycl_files=[sys.argv[1]],
+                               extra_sycl_cflags=["-DSGLJIT_T=fp32_t"], route="rtc")
+    x = torch.arange(1000, dtype=torch.float32)
+    out = torch.empty_like(x)
+    mod.get_function("scale", ("ptr", "ptr", "f32", "i64"))(1024, 64, x, out, 3.0, x.numel())
+    assert torch.equal(out, x * 3), out
+    print("child ok")
+    """
+)
+
+
+def start_child(script: Path, kernel: Path, cache: Path) -> subprocess.Popen:
+    env = dict(os.environ, SGLJIT_CACHE_DIR=str(cache), SGLJIT_LOG="info")
+    return subprocess.Popen(
+        [sys.executable, str(script), str(kernel)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "child ok" in out, err
+    return err
+
+
+@needs_runtime
+@pytest.mark.sycl
+@pytest.mark.slow
+def test_fresh_process_reuses_the_bridge(tmp_path, kernels):
+    script = write(tmp_path, "child.py", CHILD)
+    first = finish(start_child(script, kernels / "scale.hpp", tmp_path / "cache"))
+    assert "compiling sycl_bridge" in first
+    started = time.perf_counter()
+    second = finish(start_child(script, kernels / "scale.hpp", tmp_path / "cache"))
+    assert "compiling sycl_bridge" not in second, second
+    assert "compiling SYCL module scale_fp32_t" in second  # kernels: per process (runtime compiler)
+    print(f"warm child: {time.perf_counter() - started:.1f}s")
+
+
+@needs_runtime
+@pytest.mark.sycl
+@pytest.mark.slow
+def test_concurrent_processes_build_the_bridge_once(tmp_path, kernels):
+    script = write(tmp_path, "child.py", CHILD)
+    procs = [start_child(script, kernels / "scale.hpp", tmp_path / "cache") for _ in range(3)]
+    logs = [finish(p) for p in procs]
+    assert sum(log.count("compiling sycl_bridge") for log in logs) == 1, logs
+    published = list((tmp_path / "cache" / "sycl" / "bridge").glob("sycl_bridge-*"))
+    assert len(published) == 1 and not list((tmp_path / "cache").rglob(".staging/*"))
+
+
+# ------------------------------------------------------------------------------------------------
+# icpx route: dry-run plan (icpx itself is only on oneAPI hosts)
+
+
+def plan(kernels: Path, **kw) -> sycl.IcpxPlan:
+    kw.setdefault("extra_sycl_cflags", ["-DSGLJIT_T=bf16_t"])
+    return sycl.plan_icpx_build("scale", "bf16_t", sycl_files=[kernels / "scale.hpp"], **kw)
+
+
+def test_icpx_plan_command_and_generated_launcher(kernels, monkeypatch):
+    monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "intel_gpu_pvc,intel_gpu_bmg_g21")
+    p = plan(kernels, include_dirs=[kernels], extra_ldflags=["-lm"])
+    cmd = list(p.command)
+    assert cmd[:2] == ["icpx", "-fsycl"]
+    for flag in (
+        "-fp-model=precise",
+        "-fhonor-nans",
+        "-fhonor-infinities",
+        "-fno-associative-math",
+        "-no-ftz",
+    ):
+        assert flag in cmd
+    assert "-ffast-math" not in cmd
+    assert "-fsycl-targets=intel_gpu_pvc,intel_gpu_bmg_g21" in cmd
+    assert f"-I{sycl.INCLUDE_DIR}" in cmd and f"-I{kernels.resolve()}" in cmd
+    assert cmd.index("-DSGLJIT_T=bf16_t") < cmd.index("module.cpp") < cmd.index("-lm")
+    assert cmd[cmd.index("-o") + 1] == "libscale_bf16_t.so"
+    assert p.kernels == ("scale",) and p.targets == ("intel_gpu_pvc", "intel_gpu_bmg_g21")
+    # kernels get module-unique names (DPC++ kernel names are process-wide) and a by-name getter
+    assert "#define scale scale__" in p.source and "#undef scale" in p.source
+    assert "SGLJIT_SYCL_API void* sgljit_sycl_kernel_scale(void* queue)" in p.source
+    assert "syclexp::get_kernel_id<scale__" in p.source
+    assert p.spec.arch == "intel_gpu_pvc+intel_gpu_bmg_g21"
+
+
+def test_icpx_plan_key(kernels, tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "intel_gpu_pvc")
+    base = plan(kernels).key
+    assert plan(kernels).key == base
+    assert plan(kernels, extra_sycl_cflags=["-DSGLJIT_T=fp16_t"]).key != base
+    monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "spir64")
+    assert plan(kernels).key != base
+    monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "intel_gpu_pvc")
+    # a header included from an include dir is part of the key (transitive headers)
+    inc = write(tmp_path / "inc", "extra.h", "#define X 1\n").parent
+    with_inc = plan(kernels, include_dirs=[inc]).key
+    (inc / "extra.h").write_text("#define X 2\n")
+    assert plan(kernels, include_dirs=[inc]).key != with_inc
+
+
+def test_icpx_plan_without_targets_falls_back_to_spir64(kernels, monkeypatch):
+    monkeypatch.delenv("SGLJIT_SYCL_TARGETS", raising=False)
+    if DEVICES != ["cpu"]:
+        pytest.skip("an XPU is present: targets come from the device")
+    with pytest.warns(RuntimeWarning, match="spir64"):
+        p = plan(kernels)
+    assert "-fsycl-targets=spir64" in p.command
+
+
+def test_find_kernels_follows_the_convention():
+    commented = (
+        'extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>)) void old('
+    )
+    src = SCALE_FUNCTOR + f"\n// {commented}\n/* {commented} */\n"
+    assert sycl.find_kernels(src) == ("scale_functor",)
+    assert sycl.find_kernels(ROW_STATS) == ("row_stats",)  # two property macros
+
+
+# ------------------------------------------------------------------------------------------------
+# Reporting and backend selection
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_describe_reports_the_cpu_device():
+    info = sycl.describe()
+    assert info["error"] is None and "rtc" in info["routes"]
+    assert info["default_route"] == ("icpx" if shutil.which("icpx") else "rtc")
+    cpus = [d for d in info["devices"] if d["type"] == "cpu"]
+    assert cpus and cpus[0]["can_build_source"], info
+
+
+def test_cpu_tensors_select_sycl_only_when_forced():
+    x = torch.zeros(1)
+    assert sgljit.select_backend(x) == "reference"
+    with sgljit.use_backend("sycl"):
+        assert sgljit.select_backend(x) == "sycl"
