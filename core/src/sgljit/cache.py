@@ -51,9 +51,25 @@ logger = logging.getLogger("sgljit")
 
 # Files whose contents can change a build; anything else in an include tree (READMEs) is ignored.
 SOURCE_SUFFIXES = frozenset(
-    {".h", ".hh", ".hpp", ".hxx", ".cuh", ".cu", ".c", ".cc", ".cpp", ".cxx", ".inc", ".inl", ".def"}
+    {
+        ".h",
+        ".hh",
+        ".hpp",
+        ".hxx",
+        ".cuh",
+        ".cu",
+        ".c",
+        ".cc",
+        ".cpp",
+        ".cxx",
+        ".inc",
+        ".inl",
+        ".def",
+    }
 )
 MANIFEST = "sgljit-manifest.json"
+# Fingerprint entries that start with this name a compiler ("toolchain: nvcc <--version text>").
+TOOLCHAIN = "toolchain: "
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -68,6 +84,9 @@ class BuildSpec:
         files: generated files (name → text) written into the build folder before ``build`` runs.
         inputs: files and folders whose contents are hashed into the key (sources, include trees).
         fingerprint: flags, compiler identities, versions: anything else that changes the binary.
+            Compiler identities start with :data:`TOOLCHAIN`; where a compiler is not installed
+            (a production image running prebuilt kernels) any build of the same sources, flags and
+            versions is accepted, whichever compiler made it.
         build: compiles inside the given folder; raises :class:`sgljit.CompileError`.
         load: loads the artifact at the given path; raises on a bad binary.
     """
@@ -106,14 +125,43 @@ def _hash_tree(h: hashlib._Hash, path: Path) -> None:
 def cache_key(spec: BuildSpec) -> str:
     """Content hash of everything that goes into the binary (paths of inputs are not part of it,
     so a cache built in one installation is valid in another with the same sources)."""
+    return _keys(spec)[1]
+
+
+def _keys(spec: BuildSpec) -> tuple[str, str]:
+    """(source key: everything but the compilers, full key: everything)."""
     h = hashlib.sha256()
-    for part in (spec.backend, spec.arch, spec.name, spec.artifact, __version__, *spec.fingerprint):
+    for part in (spec.backend, spec.arch, spec.name, spec.artifact, __version__):
         h.update(part.encode() + b"\0")
+    for part in spec.fingerprint:
+        if not part.startswith(TOOLCHAIN):
+            h.update(part.encode() + b"\0")
     for name in sorted(spec.files):
         h.update(name.encode() + b"\0" + spec.files[name].encode() + b"\0")
     for path in spec.inputs:
         _hash_tree(h, Path(path))
-    return h.hexdigest()[:20]
+    source_key = h.hexdigest()[:20]
+    for part in spec.fingerprint:
+        if part.startswith(TOOLCHAIN):
+            h.update(part.encode() + b"\0")
+    return source_key, h.hexdigest()[:20]
+
+
+def _without_compiler(spec: BuildSpec) -> bool:
+    return any(p.startswith(TOOLCHAIN) and p.endswith(" absent") for p in spec.fingerprint)
+
+
+def _any_build_of_sources(spec: BuildSpec, source_key: str) -> Path | None:
+    """A published build of the same sources by whatever compiler (used when none is installed)."""
+    for manifest in sorted(
+        (cache_root() / spec.backend / spec.arch).glob(f"{spec.name}-*/{MANIFEST}")
+    ):
+        try:
+            if json.loads(manifest.read_text()).get("source_key") == source_key:
+                return manifest.parent
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def published_dir(spec: BuildSpec, key: str | None = None) -> Path:
@@ -136,7 +184,7 @@ def clear_module_cache() -> None:
 
 def get_or_build(spec: BuildSpec) -> Any:
     """Return the loaded module for ``spec``, building and publishing it on a miss."""
-    key = cache_key(spec)
+    source_key, key = _keys(spec)
     memo_key = f"{spec.backend}/{spec.arch}/{spec.name}-{key}"
     try:
         return _memo[memo_key]
@@ -146,8 +194,20 @@ def get_or_build(spec: BuildSpec) -> Any:
         lock = _memo_locks.setdefault(memo_key, threading.Lock())
     with lock:
         if memo_key not in _memo:
-            _memo[memo_key] = _load_or_build(spec, key)
+            _memo[memo_key] = _load_or_build(spec, key, source_key)
         return _memo[memo_key]
+
+
+def _check_artifact(folder: Path, artifact: Path) -> None:
+    """Refuse a binary whose size differs from what was published: dlopen of a truncated shared
+    object can crash the process (SIGBUS) instead of failing."""
+    try:
+        expected = json.loads((folder / MANIFEST).read_text())["artifact_bytes"]
+    except (OSError, ValueError, KeyError) as err:
+        raise RuntimeError(f"no readable {MANIFEST} beside it") from err
+    actual = artifact.stat().st_size
+    if actual != expected:
+        raise RuntimeError(f"{artifact.name} has {actual} bytes, {expected} were published")
 
 
 def _try_load(spec: BuildSpec, folder: Path) -> tuple[Any, Exception | None]:
@@ -155,16 +215,23 @@ def _try_load(spec: BuildSpec, folder: Path) -> tuple[Any, Exception | None]:
     if not artifact.exists():
         return None, None
     try:
+        _check_artifact(folder, artifact)
         return spec.load(artifact), None
     except Exception as err:  # a truncated or foreign binary: rebuilt below
         return None, err
 
 
-def _load_or_build(spec: BuildSpec, key: str) -> Any:
+def _load_or_build(spec: BuildSpec, key: str, source_key: str) -> Any:
     final = published_dir(spec, key)
     module, _ = _try_load(spec, final)  # warm path: no lock, no compiler
     if module is not None:
         return module
+    if _without_compiler(spec):
+        other = _any_build_of_sources(spec, source_key)
+        if other is not None:
+            module, _ = _try_load(spec, other)
+            if module is not None:
+                return module
     if os.environ.get("SGLJIT_NO_COMPILE", "") not in ("", "0"):
         raise NoCompileError(
             f"module {spec.name!r} (key {key}, {spec.backend} {spec.arch}) is not in the cache "
@@ -186,7 +253,7 @@ def _load_or_build(spec: BuildSpec, key: str) -> Any:
                 stacklevel=4,
             )
             _discard(final)
-        return _build_and_publish(spec, key, final)
+        return _build_and_publish(spec, key, source_key, final)
 
 
 class _acquire:
@@ -207,7 +274,11 @@ class _acquire:
                 if (self.final / self.spec.artifact).exists():
                     return  # published meanwhile: the re-check under "lock" will load it
                 if time.monotonic() - waited_since > stale_after:
-                    logger.warning("sgljit: lock %s held for %.0fs; building anyway", self.lock.lock_file, stale_after)
+                    logger.warning(
+                        "sgljit: lock %s held for %.0fs; building anyway",
+                        self.lock.lock_file,
+                        stale_after,
+                    )
                     return
 
     def __exit__(self, *exc: object) -> None:
@@ -226,8 +297,12 @@ def _discard(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _build_and_publish(spec: BuildSpec, key: str, final: Path) -> Any:
-    staging = final.parent / ".staging" / f"{final.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+def _build_and_publish(spec: BuildSpec, key: str, source_key: str, final: Path) -> Any:
+    staging = (
+        final.parent
+        / ".staging"
+        / f"{final.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    )
     staging.mkdir(parents=True)
     for name, text in spec.files.items():
         (staging / name).write_text(text)
@@ -248,9 +323,14 @@ def _build_and_publish(spec: BuildSpec, key: str, final: Path) -> Any:
             {
                 "name": spec.name,
                 "key": key,
+                "source_key": source_key,
                 "backend": spec.backend,
                 "arch": spec.arch,
                 "artifact": spec.artifact,
+                "artifact_bytes": (staging / spec.artifact).stat().st_size,
+                "artifact_sha256": hashlib.sha256(
+                    (staging / spec.artifact).read_bytes()
+                ).hexdigest(),
                 "sgljit": __version__,
                 "fingerprint": list(spec.fingerprint),
                 "built_on": socket.gethostname(),
@@ -268,7 +348,11 @@ def _build_and_publish(spec: BuildSpec, key: str, final: Path) -> Any:
         # First writer wins: ours is identical by key; keep using the copy we loaded, drop the folder.
         shutil.rmtree(staging, ignore_errors=True)
     logger.info(
-        "sgljit: compiled %s for %s %s in %.1fs", spec.name, spec.backend, spec.arch, time.perf_counter() - started
+        "sgljit: compiled %s for %s %s in %.1fs",
+        spec.name,
+        spec.backend,
+        spec.arch,
+        time.perf_counter() - started,
     )
     return module
 
@@ -294,5 +378,8 @@ def _keep_failed(err: CompileError, staging: Path, final: Path) -> CompileError:
         return text.replace(str(staging), str(failed))
 
     return CompileError(
-        fix(err.message), command=fix(err.command), source_path=fix(err.source_path), output=fix(err.output)
+        fix(err.message),
+        command=fix(err.command),
+        source_path=fix(err.source_path),
+        output=fix(err.output),
     )

@@ -57,12 +57,16 @@ def make_cpp_args(*values: Any) -> CppArgs:
         elif type(v).__name__ == "dtype" and type(v).__module__ == "torch":
             name = str(v).removeprefix("torch.")
             if name not in _CPP_DTYPES:
-                raise TypeError(f"make_cpp_args: no C++ type for {v}; supported: {sorted(_CPP_DTYPES)}")
+                raise TypeError(
+                    f"make_cpp_args: no C++ type for {v}; supported: {sorted(_CPP_DTYPES)}"
+                )
             out.append(_CPP_DTYPES[name])
         elif isinstance(v, str):
             out.append(v)
         else:
-            raise TypeError(f"make_cpp_args: cannot turn {type(v).__name__} {v!r} into a C++ argument")
+            raise TypeError(
+                f"make_cpp_args: cannot turn {type(v).__name__} {v!r} into a C++ argument"
+            )
     return out
 
 

@@ -36,7 +36,9 @@ class KernelOp:
         params = list(inspect.signature(reference).parameters)
         unknown = set(mutates_args) - set(params)
         if unknown:
-            raise ValueError(f"kernel_op {name!r}: mutates_args {sorted(unknown)} are not parameters")
+            raise ValueError(
+                f"kernel_op {name!r}: mutates_args {sorted(unknown)} are not parameters"
+            )
         self._first_tensor = params[0]
 
         def dispatch(*args, **kwargs):
@@ -44,9 +46,9 @@ class KernelOp:
 
         dispatch.__signature__ = inspect.signature(reference)  # type: ignore[attr-defined]
         dispatch.__name__ = name
-        self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args))(
-            dispatch
-        )
+        self.custom_op = torch.library.custom_op(
+            f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args)
+        )(dispatch)
         self.custom_op.register_fake(lambda *args, **kwargs: None)
         self.__doc__ = reference.__doc__
 
@@ -74,7 +76,9 @@ class KernelOp:
             self._dispatch(*args, **kwargs)
 
 
-def kernel_op(name: str, *, mutates_args: Sequence[str]) -> Callable[[Callable[..., None]], KernelOp]:
+def kernel_op(
+    name: str, *, mutates_args: Sequence[str]
+) -> Callable[[Callable[..., None]], KernelOp]:
     """Decorator turning a reference implementation into a :class:`KernelOp` named ``sgljit::<name>``."""
 
     def decorate(reference: Callable[..., None]) -> KernelOp:

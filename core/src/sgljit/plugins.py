@@ -87,7 +87,11 @@ def discover() -> tuple[Plugin, ...]:
             plugin.error = _check_manifest(plugin.manifest)
         except Exception as err:
             plugin.error = f"broken: {type(err).__name__}: {err}"
-        if plugin.manifest is not None and isinstance(plugin.manifest, dict) and plugin.name in disabled:
+        if (
+            plugin.manifest is not None
+            and isinstance(plugin.manifest, dict)
+            and plugin.name in disabled
+        ):
             continue
         plugins.append(plugin)
     return tuple(plugins)
@@ -102,7 +106,7 @@ def op_table() -> dict[str, list[Plugin]]:
     return table
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resolve_op(op: str) -> Any:
     """Import and return the function implementing ``op``; errors say which plugin is at fault."""
     claims = op_table().get(op)
@@ -117,7 +121,9 @@ def resolve_op(op: str) -> Any:
         )
     plugin = claims[0]
     if plugin.error is not None:
-        raise PluginError(f"op {op!r} is unavailable: plugin {plugin.distribution} is {plugin.error}")
+        raise PluginError(
+            f"op {op!r} is unavailable: plugin {plugin.distribution} is {plugin.error}"
+        )
     target = plugin.ops[op]
     module_name, _, attr = target.partition(":")
     try:

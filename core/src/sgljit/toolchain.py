@@ -31,14 +31,22 @@ def _stat_token(path: str) -> str:
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
-@functools.lru_cache(maxsize=None)
+# A compiler that is not installed, e.g. in a production image that only runs prebuilt kernels.
+ABSENT = "absent"
+
+
+@functools.cache
 def compiler_identity(executable: str, *version_args: str) -> str:
-    """The compiler's own description of itself (``<exe> --version``), memoized on disk.
+    """The compiler's own description of itself (``<exe> --version``), memoized on disk;
+    :data:`ABSENT` when it is not installed.
 
     >>> "g++" in compiler_identity(host_cxx()) or "clang" in compiler_identity(host_cxx())
     True
     """
-    real = os.path.realpath(shutil.which(executable) or executable)
+    found = shutil.which(executable)
+    if found is None:
+        return ABSENT
+    real = os.path.realpath(found)
     args = version_args or ("--version",)
     token = _stat_token(real) + ":" + " ".join(args)
     memo_path = _identity_memo_path()

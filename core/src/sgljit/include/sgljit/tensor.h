@@ -31,6 +31,8 @@ using tvm::ffi::TensorView;
 
 inline constexpr int64_t kAnySize = -1;
 
+using fp32_t = float;  // the half and fp8 types are CUDA's (type.cuh) or SYCL's (sycl/kernel.hpp)
+
 // The C++ element types kernels are written against. On the CUDA side they alias CUDA's types
 // (see type.cuh); here they only carry the DLPack dtype for validation.
 template <typename T>

@@ -9,7 +9,6 @@
 
 namespace sgljit {
 
-using fp32_t = float;
 using fp16_t = __half;
 using bf16_t = __nv_bfloat16;
 using fp8_e4m3_t = __nv_fp8_e4m3;

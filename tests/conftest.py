@@ -1,0 +1,42 @@
+"""Shared fixtures: every test gets its own module cache, and helpers to run fresh processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private, empty SGLJIT_CACHE_DIR; in-process memos are cleared around the test."""
+    import sgljit
+
+    path = tmp_path / "cache"
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(path))
+    sgljit.clear_module_cache()
+    yield path
+    sgljit.clear_module_cache()
+
+
+def run_python(
+    code: str, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (the test's environment plus `env`), logging compiles."""
+    full_env = {**os.environ, "SGLJIT_LOG": "info", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+
+
+def has_nvcc() -> bool:
+    from sgljit.toolchain import find_nvcc
+
+    return find_nvcc() is not None

@@ -1,0 +1,27 @@
+// A CUDA kernel used by core's tests (compiled in CI without a GPU, run on a GPU when present).
+#pragma once
+#include <sgljit/cuda.cuh>
+#include <sgljit/reduce.cuh>
+#include <sgljit/tensor.h>
+#include <sgljit/type.cuh>
+#include <sgljit/vec.cuh>
+
+template <typename T>
+__global__ void add_one_kernel(T* x, int64_t n, float value) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = sgljit::from_float<T>(sgljit::to_float(x[i]) + value);
+}
+
+template <typename T>
+struct AddOneCuda {
+  static void run(tvm::ffi::TensorView x, double value) {
+    using namespace sgljit;
+    SymbolicSize n{"n"};
+    auto dt = SymbolicDType::of<T>();
+    SymbolicDevice dev;
+    TensorMatcher({n}).contiguous().with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "x");
+    const int threads = 256;
+    LaunchKernel(add_one_kernel<T>, dim3(div_ceil<int64_t>(n.value(), threads)), dim3(threads), 0, dev.value(),
+                 "add_one_kernel")(static_cast<T*>(x.data_ptr()), n.value(), static_cast<float>(value));
+  }
+};

@@ -1,0 +1,253 @@
+"""load_jit and the module cache, with real compilers (no mocks)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sgljit
+import torch
+from sgljit.cache import MANIFEST
+
+from ..conftest import has_nvcc, run_python
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+def load_add_one(source_dir=KERNELS, dtype=torch.float32):
+    args = sgljit.make_cpp_args(dtype)
+    return sgljit.load_jit(
+        "add_one",
+        *args,
+        cpp_files=["add_one.h"],
+        cpp_wrappers=[("add_one", f"AddOne<{args}>::run"), ("add_into", "AddInto::run")],
+        source_dir=source_dir,
+    )
+
+
+LOAD_IN_SUBPROCESS = """
+import torch, sgljit
+args = sgljit.make_cpp_args(torch.float32)
+m = sgljit.load_jit("add_one", *args, cpp_files=["add_one.h"],
+                    cpp_wrappers=[("add_one", f"AddOne<{args}>::run"), ("add_into", "AddInto::run")],
+                    source_dir=r"%s")
+x = torch.arange(4, dtype=torch.float32)
+m.add_one(x, 1.5)
+assert x.tolist() == [1.5 + i + %d for i in range(4)], x
+print("OK")
+"""
+
+
+def published(cache_dir: Path, name_prefix: str = "add_one") -> list[Path]:
+    return sorted(p.parent for p in cache_dir.glob(f"*/*/{name_prefix}*/{MANIFEST}"))
+
+
+def test_cpu_kernel_runs_on_torch_tensors(cache_dir):
+    module = load_add_one()
+    x = torch.randn(1000)
+    expected = x + 2.0
+    module.add_one(x, 2.0)
+    torch.testing.assert_close(x, expected)
+    assert load_add_one() is module  # in-process memo
+    [folder] = published(cache_dir)
+    assert folder.parent.name == "host" and folder.parent.parent.name == "cpu"
+
+
+def test_specializations_are_separate_modules(cache_dir):
+    f32, f64 = load_add_one(dtype=torch.float32), load_add_one(dtype=torch.float64)
+    assert f32 is not f64
+    x = torch.randn(10, dtype=torch.float64)
+    expected = x + 1
+    f64.add_one(x, 1.0)
+    torch.testing.assert_close(x, expected)
+    assert len(published(cache_dir)) == 2
+
+
+def test_tensor_matcher_errors_reach_python(cache_dir):
+    module = load_add_one()
+    with pytest.raises(ValueError, match=r"x: expected 1-D tensor of shape \[n\], got 2-D"):
+        module.add_one(torch.zeros(2, 2), 1.0)
+    with pytest.raises(ValueError, match=r"x: dtype expected one of \{float32\}, got float64"):
+        module.add_one(torch.zeros(3, dtype=torch.float64), 1.0)
+    with pytest.raises(ValueError, match=r"x: expected a contiguous tensor"):
+        module.add_one(torch.zeros(8)[::2], 1.0)
+    with pytest.raises(ValueError, match=r"dst: dimension 0 expected 4 \(n\), got 5"):
+        module.add_into(torch.zeros(4), torch.zeros(5))
+    with pytest.raises(
+        ValueError,
+        match=r"dst: dtype expected float32 \(same as the tensors before it\), got float64",
+    ):
+        module.add_into(torch.zeros(4), torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(
+        ValueError, match=r"src: dtype expected one of \{float32, float64\}, got int32"
+    ):
+        module.add_into(torch.zeros(4, dtype=torch.int32), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"dst: stride of dimension 0 expected 1, got 2"):
+        module.add_into(torch.zeros(4), torch.zeros(8)[::2])
+
+
+def test_fresh_process_reuses_cache_without_compiling(cache_dir):
+    first = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0))
+    assert first.returncode == 0, first.stderr
+    assert "compiling add_one" in first.stderr
+    # No compiler may run on the warm path: hide every compiler and ninja from PATH.
+    second = run_python(
+        LOAD_IN_SUBPROCESS % (KERNELS, 0), env={"PATH": "/nonexistent", "CXX": "/nonexistent/c++"}
+    )
+    assert second.returncode == 0, second.stderr
+    assert "OK" in second.stdout
+    assert "compiling" not in second.stderr
+    assert len(published(cache_dir)) == 1
+
+
+def test_header_edit_rebuilds(cache_dir, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(KERNELS, src)
+    assert run_python(LOAD_IN_SUBPROCESS % (src, 0)).returncode == 0
+    (src / "offset.h").write_text("#pragma once\ninline constexpr int kOffset = 10;\n")
+    result = run_python(LOAD_IN_SUBPROCESS % (src, 10))
+    assert result.returncode == 0, result.stderr
+    assert "compiling add_one" in result.stderr
+    assert len(published(cache_dir)) == 2
+
+
+def test_compile_error_raises_with_diagnostics_and_caches_nothing(cache_dir, tmp_path):
+    src = tmp_path / "broken"
+    src.mkdir()
+    (src / "broken.h").write_text(
+        "struct Broken { static void run() { this_is_not_declared(); } };\n"
+    )
+    with pytest.raises(sgljit.CompileError) as info:
+        sgljit.load_jit(
+            "broken",
+            cpp_files=["broken.h"],
+            cpp_wrappers=[("broken", "Broken::run")],
+            source_dir=src,
+        )
+    err = info.value
+    assert "this_is_not_declared" in err.output
+    assert "error" in err.output
+    assert "broken.cc" in err.command and ("c++" in err.command or "g++" in err.command)
+    assert Path(err.source_path).is_file()  # kept for inspection, outside the cache proper
+    assert "this_is_not_declared" in str(err)
+    assert not published(cache_dir, "broken")
+    assert not list(cache_dir.glob("cpu/host/broken-*"))
+
+
+def test_truncated_module_is_rebuilt_with_a_warning(cache_dir):
+    load_add_one()
+    [folder] = published(cache_dir)
+    so = folder / "add_one_fp32_t.so"
+    so.write_bytes(so.read_bytes()[:1000])
+    result = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0))
+    assert result.returncode == 0, result.stderr
+    assert "failed to load" in result.stderr and "rebuilding" in result.stderr
+    assert "compiling add_one" in result.stderr
+    assert so.stat().st_size > 1000
+
+
+def test_killed_build_leaves_nothing_that_loads(cache_dir):
+    code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    # Kill it while the compiler is running (the staging folder exists, nothing is published yet).
+    while (
+        not list(cache_dir.glob("cpu/host/.staging/*/build.ninja")) and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not published(cache_dir)
+    assert not list(cache_dir.glob("cpu/host/add_one*/*.so"))
+    result = run_python(code)  # the next process builds it properly
+    assert result.returncode == 0, result.stderr
+    assert len(published(cache_dir)) == 1
+
+
+def test_concurrent_cold_builds_compile_once(cache_dir):
+    code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
+    env = {**os.environ, "SGLJIT_LOG": "info"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    assert sum("OK" in out for out, _ in outputs) == 8
+    assert sum(err.count("compiling add_one") for _, err in outputs) == 1
+    assert len(published(cache_dir)) == 1
+
+
+def test_no_compile_mode_names_module_key_and_build_command(cache_dir, monkeypatch):
+    monkeypatch.setenv("SGLJIT_NO_COMPILE", "1")
+    with pytest.raises(
+        sgljit.NoCompileError, match=r"add_one_fp32_t.*key [0-9a-f]{20}.*sgljit build"
+    ):
+        load_add_one()
+    assert not published(cache_dir)
+
+
+def test_bad_arguments(cache_dir):
+    with pytest.raises(ValueError, match="give cuda_files and/or cpp_files"):
+        sgljit.load_jit("x")
+    with pytest.raises(FileNotFoundError, match="missing.h"):
+        sgljit.load_jit("x", cpp_files=["missing.h"], source_dir=KERNELS)
+    with pytest.raises(ValueError, match="not a C identifier"):
+        sgljit.load_jit(
+            "x",
+            cpp_files=["add_one.h"],
+            cpp_wrappers=[("bad-name", "AddInto::run")],
+            source_dir=KERNELS,
+        )
+
+
+@pytest.mark.skipif(not has_nvcc(), reason="nvcc not found")
+def test_cuda_module_builds_for_requested_arch(cache_dir, monkeypatch):
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
+    args = sgljit.make_cpp_args(torch.bfloat16)
+    module = sgljit.load_jit(
+        "add_one_cuda",
+        *args,
+        cuda_files=["add_one.cuh"],
+        cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
+        source_dir=KERNELS,
+    )
+    [folder] = published(cache_dir, "add_one_cuda")
+    assert folder.parent.name == "9.0a" and folder.parent.parent.name == "cuda"
+    ninja = (folder / "build.ninja").read_text()
+    assert "code=sm_90a" in ninja
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        x = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+        expected = (x.float() + 1.5).bfloat16()
+        module.add_one(x, 1.5)
+        torch.testing.assert_close(x, expected)
+        with pytest.raises(ValueError, match="x: expected a tensor on cuda, got one on cpu"):
+            module.add_one(torch.zeros(4, dtype=torch.bfloat16), 1.0)
+
+
+def test_arch_override_is_validated(monkeypatch):
+    from sgljit.toolchain import cuda_arch_list
+
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a 10.0a")
+    assert cuda_arch_list() == ("9.0a", "10.0a")
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "sm_90")
+    with pytest.raises(sgljit.SgljitError, match="sm_90"):
+        cuda_arch_list()
