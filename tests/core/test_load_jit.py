@@ -208,7 +208,7 @@ def test_no_compile_mode_names_module_key_and_build_command(cache_dir, monkeypat
 def test_bad_arguments(cache_dir):
     with pytest.raises(ValueError, match="give cuda_files and/or cpp_files"):
         sgljit.load_jit("x")
-    with pytest.raises(FileNotFoundError, match="missing.h"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.h"):
         sgljit.load_jit("x", cpp_files=["missing.h"], source_dir=KERNELS)
     with pytest.raises(ValueError, match="not a C identifier"):
         sgljit.load_jit(
