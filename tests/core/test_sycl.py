@@ -92,6 +92,14 @@ ROW_STATS = textwrap.dedent(
 SCALE_ARGS = ("ptr", "ptr", "f32", "i64")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory):
+    """One module cache for this file (the bridge is built once here, not in the user's cache)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLJIT_CACHE_DIR", str(tmp_path_factory.mktemp("sycl_cache")))
+        yield
+
+
 def write(folder: Path, name: str, text: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(text)
