@@ -1,0 +1,58 @@
+"""The sgljit command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_load_jit import load_add_one
+
+
+def sgljit_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sgljit.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def test_info_reports_versions_compilers_and_cache(cache_dir):
+    result = sgljit_cli("info")
+    assert result.returncode == 0, result.stderr
+    for needle in ("sgljit", "0.1.0", "torch", "apache-tvm-ffi", "c++", "nvcc", str(cache_dir), "plugins:"):
+        assert needle in result.stdout, (needle, result.stdout)
+
+
+def test_cache_path_list_clear(cache_dir):
+    assert sgljit_cli("cache", "path").stdout.strip() == str(cache_dir)
+    load_add_one()
+    listing = sgljit_cli("cache", "list").stdout
+    assert "add_one_fp32_t" in listing and "cpu" in listing and "host" in listing
+    assert sgljit_cli("cache", "clear").returncode == 0
+    assert not cache_dir.exists()
+    assert "(empty)" in sgljit_cli("cache", "list").stdout
+
+
+def test_clangd_file_points_at_headers(tmp_path):
+    result = sgljit_cli("clangd", "--output", str(tmp_path / ".clangd"))
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / ".clangd").read_text()
+    assert "sgljit/include" in text and "tvm_ffi" in text and "-std=c++17" in text
+
+
+def test_bad_usage_exits_nonzero():
+    assert sgljit_cli("cache", "export").returncode != 0
+    assert sgljit_cli("nonsense").returncode != 0
+
+
+@pytest.mark.parametrize("module", ["sgljit"])
+def test_import_is_light(module):
+    # `import sgljit` must not pull in torch or tvm-ffi (they load on first use).
+    code = f"import sys, {module}; print('torch' in sys.modules, 'tvm_ffi' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_include_readme_exists():
+    assert (Path(__file__).parents[2] / "core/src/sgljit/include/README.md").exists()

@@ -1,0 +1,140 @@
+"""Plugin discovery with real distributions (good, broken, conflicting, incompatible) installed
+into a private folder, each scenario in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import run_python
+
+FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory) -> Path:
+    """The four fixture distributions, pip-installed (wheel build, metadata, entry points)."""
+    target = tmp_path_factory.mktemp("plugin_site")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
+         "--target", str(target), *(str(p) for p in sorted(FIXTURES.iterdir()))],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(list(target.glob("sgljit_fixture_*.dist-info"))) == 4
+    return target
+
+
+def run_with_plugins(site: Path, code: str, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    result = run_python(code, env={"PYTHONPATH": path, **env})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_ops_are_listed_without_importing_plugin_code(plugin_site):
+    run_with_plugins(
+        plugin_site,
+        """
+        import sys, sgljit
+        names = dir(sgljit.ops)
+        for op in ("fixture_double", "fixture_shared", "fixture_other", "fixture_broken", "fixture_future"):
+            assert op in names, names
+        assert not [m for m in sys.modules if m.startswith("sgljit_fixture") and m.endswith(".ops")]
+        assert sgljit.ops.fixture_double(21) == 42
+        assert "sgljit_fixture_good.ops" in sys.modules
+        assert "sgljit_fixture_conflict.ops" not in sys.modules
+        """,
+    )
+
+
+def test_unknown_op_lists_what_exists(plugin_site):
+    run_with_plugins(
+        plugin_site,
+        """
+        import sgljit
+        try:
+            sgljit.ops.no_such_op
+        except AttributeError as err:
+            assert "no op 'no_such_op'" in str(err) and "fixture_double" in str(err), err
+        else:
+            raise AssertionError("no error")
+        """,
+    )
+
+
+def test_conflict_names_both_distributions_and_can_be_resolved(plugin_site):
+    run_with_plugins(
+        plugin_site,
+        """
+        import sgljit
+        try:
+            sgljit.ops.fixture_shared
+        except sgljit.PluginError as err:
+            msg = str(err)
+            assert "sgljit-fixture-good 0.1.0" in msg and "sgljit-fixture-conflict 0.1.0" in msg, msg
+            assert "SGLJIT_DISABLE_PLUGINS" in msg
+        else:
+            raise AssertionError("no conflict error")
+        assert sgljit.ops.fixture_other() == "other"  # the rest of that plugin still works
+        """,
+    )
+    run_with_plugins(
+        plugin_site,
+        """
+        import sgljit
+        assert sgljit.ops.fixture_shared() == "good"
+        assert "fixture_other" not in dir(sgljit.ops)
+        """,
+        SGLJIT_DISABLE_PLUGINS="conflict",
+    )
+
+
+def test_broken_plugin_breaks_only_its_own_ops(plugin_site):
+    run_with_plugins(
+        plugin_site,
+        """
+        import sgljit
+        from sgljit.plugins import discover
+        try:
+            sgljit.ops.fixture_broken
+        except sgljit.PluginError as err:
+            msg = str(err)
+            assert "sgljit-fixture-broken" in msg and "sgljit_this_module_does_not_exist" in msg, msg
+        else:
+            raise AssertionError("no error")
+        assert sgljit.ops.fixture_double(2) == 4
+        bad = [p for p in discover() if p.entry_point == "brokenmanifest"]
+        assert bad and bad[0].status.startswith("broken: AttributeError"), bad
+        """,
+    )
+
+
+def test_incompatible_plugin_errors_on_use(plugin_site):
+    run_with_plugins(
+        plugin_site,
+        """
+        import sgljit
+        try:
+            sgljit.ops.fixture_future
+        except sgljit.PluginError as err:
+            assert "incompatible: needs sgljit>=9.0, this is sgljit 0.1.0" in str(err), err
+        else:
+            raise AssertionError("no error")
+        """,
+    )
+
+
+def test_info_reports_plugins_and_their_status(plugin_site):
+    result = run_with_plugins(plugin_site, "from sgljit.cli import main; raise SystemExit(main(['info']))")
+    out = result.stdout
+    assert "sgljit-fixture-good 0.1.0" in out and "fixture_double" in out
+    assert "incompatible: needs sgljit>=9.0" in out
+    assert "CONFLICT" in out
+    assert "broken: AttributeError" in out
