@@ -1,0 +1,107 @@
+"""Developer and CI sessions. `nox` runs the default ones: lint, tests-cpu, tests-xpu, build.
+
+Torch is pinned to the CPU wheel through constraints.txt (a bare `torch` requirement would pull a
+multi-GB CUDA build); the packages themselves accept any recent torch.
+
+Where no package registry is reachable (a GPU machine given pre-built wheels), set
+SGLJIT_WHEELHOUSE to a folder of wheels: sessions then install from it only, and `tests-cuda`/`bench`
+reuse the machine's own torch (the venv sees system site-packages).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+PLUGINS = sorted(str(p) for p in (ROOT / "plugins").glob("*/pyproject.toml"))
+PACKAGES = [str(ROOT / "core"), *(str(Path(p).parent) for p in PLUGINS)]
+SYCL_RUNTIME = ("intel-sycl-rt==2026.1.2", "intel-opencl-rt==2026.1.2")
+TEST_DEPS = ("pytest", "numpy", "hatchling")
+
+nox.options.sessions = ["lint", "tests-cpu", "tests-xpu", "build"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+
+
+def _offline_args() -> tuple[str, ...]:
+    wheelhouse = os.environ.get("SGLJIT_WHEELHOUSE")
+    return ("--no-index", "--find-links", wheelhouse) if wheelhouse else ()
+
+
+def _install_project(session: nox.Session, *extra: str) -> None:
+    offline = _offline_args()
+    if offline:  # a machine without a registry: the project's wheels, nothing else
+        session.install(*offline, "--no-deps", "sgljit", *(f"sgljit-{Path(p).parent.name.replace('_', '-')}" for p in PLUGINS))
+        return
+    session.install(*CONSTRAINTS, "torch==2.13.0", *TEST_DEPS, *extra)
+    session.install(*CONSTRAINTS, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(name="tests-cpu")
+def tests_cpu(session: nox.Session) -> None:
+    """Everything but the SYCL runtime tests: references, real C++ builds, CUDA compiles (nvcc)."""
+    _install_project(session)
+    session.run("pytest", "-m", "not sycl", *session.posargs)
+
+
+@nox.session(name="tests-xpu")
+def tests_xpu(session: nox.Session) -> None:
+    """Every SYCL test: on an Intel GPU when torch.xpu has one, otherwise on the SYCL CPU device."""
+    _install_project(session, *SYCL_RUNTIME)
+    # sgljit points the OpenCL loader at the runtime wheel's CPU driver itself; keep Debian's
+    # ICDs (pocl) out of the way here too, as the runtime notes advise.
+    env = {"OCL_ICD_VENDORS": str(Path(session.create_tmp()) / "no-icds")}
+    session.run("pytest", "-m", "sycl", *session.posargs, env=env)
+
+
+@nox.session(name="tests-cuda", venv_params=["--system-site-packages"])
+def tests_cuda(session: nox.Session) -> None:
+    """Everything on a machine with a CUDA GPU (uses the machine's CUDA build of torch)."""
+    if os.environ.get("SGLJIT_WHEELHOUSE"):
+        _install_project(session)
+    else:
+        session.install(*TEST_DEPS, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+    session.run("pytest", "-m", "not sycl", *session.posargs)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def bench(session: nox.Session) -> None:
+    """The JIT-machinery benchmark everywhere; the kernel benchmarks where a CUDA GPU is visible."""
+    if os.environ.get("SGLJIT_WHEELHOUSE"):
+        _install_project(session)
+    else:
+        session.install(*CONSTRAINTS, "matplotlib", *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+    session.run("python", "benchmarks/bench_jit.py", *session.posargs)
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        if script.name not in ("bench_jit.py", "bench_example.py"):
+            session.run("python", str(script), *session.posargs)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Wheels and sdists of every package into dist/, then install a plugin wheel into a fresh
+    virtual environment from local wheels only and check its ops are there."""
+    session.install("build", "hatchling", "pytest")
+    dist = ROOT / "dist"
+    for pkg in PACKAGES:
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), pkg)
+    wheelhouse = Path(session.create_tmp()) / "wheelhouse"
+    session.run(
+        "python", "-m", "pip", "download", "--quiet", "--dest", str(wheelhouse), *CONSTRAINTS,
+        "torch==2.13.0", "apache-tvm-ffi", "filelock", "packaging", "ninja",
+    )
+    session.run(
+        "pytest", "tests/test_wheels.py", env={"SGLJIT_DIST": str(dist), "SGLJIT_WHEELHOUSE_DEPS": str(wheelhouse)}
+    )
