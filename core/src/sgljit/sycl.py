@@ -337,6 +337,7 @@ class SYCLModule:
         self._source, self._options = source, tuple(options)
         self._functions: dict[tuple[str, tuple[str, ...]], SYCLFunction] = {}
         self._lock = threading.Lock()
+        self.targets: tuple[str, ...] = ()  # icpx: the AOT targets it was built for
 
     def __repr__(self) -> str:
         return f"<SYCLModule {self.name} route={self.route} key={self.key}>"
@@ -371,6 +372,11 @@ class SYCLModule:
                 bundle = _rtc_bundle(self, queue, device_key)
                 kernel = self._lib.sgljit_sycl_get_kernel(bundle, name.encode())
             else:
+                if device_key == "cpu" and not any(t.startswith("spir64") for t in self.targets):
+                    raise RuntimeError(
+                        f"{self.name} was built by icpx for {','.join(self.targets)} only; to run it "
+                        "on CPU tensors add spir64_x86_64 to SGLJIT_SYCL_TARGETS or use route='rtc'"
+                    )
                 getter = getattr(self._lib, f"sgljit_sycl_kernel_{name}", None)
                 if getter is None:
                     raise AttributeError(
@@ -645,7 +651,9 @@ def load_jit_sycl(
             extra_sycl_cflags=extra_sycl_cflags,
             extra_ldflags=extra_ldflags,
         )
-        return SYCLModule(plan.name, "icpx", plan.key, get_or_build(plan.spec))
+        module = SYCLModule(plan.name, "icpx", plan.key, get_or_build(plan.spec))
+        module.targets = plan.targets
+        return module
     files = _sources(sycl_files)
     incs = tuple(Path(d).resolve() for d in include_dirs)
     return _load_rtc(module_name(*markers), files, incs, tuple(extra_sycl_cflags))
