@@ -422,3 +422,30 @@ def test_cpu_tensors_select_sycl_only_when_forced():
     assert sgljit.select_backend(x) == "reference"
     with sgljit.use_backend("sycl"):
         assert sgljit.select_backend(x) == "sycl"
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_kernel_op_runs_sycl_kernel_on_cpu_tensors_when_forced(kernels):
+    from sgljit.op import kernel_op
+
+    ran = []
+
+    @kernel_op("test_sycl_scale", mutates_args=("out",))
+    def scale_(x: torch.Tensor, out: torch.Tensor, factor: float) -> None:
+        ran.append("reference")
+        out.copy_(x * factor)
+
+    @scale_.register("sycl")
+    def _(x, out, factor):
+        ran.append("sycl")
+        fn = load_scale(kernels, x.dtype).get_function("scale", SCALE_ARGS)
+        fn(-(-x.numel() // 64) * 64, 64, x, out, factor, x.numel())
+
+    x = torch.randn(100)
+    out = torch.empty_like(x)
+    scale_(x, out, 3.0)
+    with sgljit.use_backend("sycl"):
+        scale_(x, out, 3.0)
+    assert ran == ["reference", "sycl"]
+    torch.testing.assert_close(out, x * 3.0, rtol=0, atol=0)
