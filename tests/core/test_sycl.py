@@ -269,6 +269,7 @@ def test_header_edit_rebuilds_the_kernel(tmp_path):
 
 
 @needs_runtime
+@pytest.mark.sycl
 def test_bridge_key_follows_bridge_sources(tmp_path):
     copy = tmp_path / "csrc"
     shutil.copytree(sycl.CSRC_DIR, copy)
