@@ -17,8 +17,9 @@
 #   tests:EXPR       the same with -k EXPR
 #   pytest:ARGS      python3 -m pytest ARGS (ARGS split on spaces), e.g. pytest:tests/plugins/test_norm.py
 #   ceiling          measure the streaming ceiling alone (benchmarks/harness.py)
-#   bench:FAMILY     python3 benchmarks/bench_FAMILY.py
-#   jit              python3 benchmarks/bench_jit.py
+#   bench:FAMILY     python3 benchmarks/bench_FAMILY.py      (bench:FAMILY:ARGS passes ARGS, split on
+#                    spaces: 'bench:norm:--tokens 1,65536 --providers sgljit,liger')
+#   jit              python3 benchmarks/bench_jit.py          (jit:ARGS likewise, e.g. 'jit:--repeats 3')
 #   check            sgljit check
 #   sh:COMMAND       any shell command (quote it)
 # A failing step does not stop later ones; the script exits non-zero if any step failed.
@@ -160,14 +161,22 @@ for step in "$@"; do
             ;;
         ceiling) run_step "$step" python3 benchmarks/harness.py ;;
         bench:*)
-            fam="${step#bench:}"
+            spec="${step#bench:}"
+            fam="${spec%%:*}"
+            extra=""
+            [[ "$spec" == *:* ]] && extra="${spec#*:}"
             if [[ -f "benchmarks/bench_${fam}.py" ]]; then
-                run_step "$step" python3 "benchmarks/bench_${fam}.py"
+                # shellcheck disable=SC2086
+                run_step "$step" python3 "benchmarks/bench_${fam}.py" $extra
             else
                 run_step "$step" bash -c "echo 'no such script: benchmarks/bench_${fam}.py'; exit 2"
             fi
             ;;
         jit) run_step "$step" python3 benchmarks/bench_jit.py ;;
+        jit:*)
+            # shellcheck disable=SC2086
+            run_step "$step" python3 benchmarks/bench_jit.py ${step#jit:}
+            ;;
         check) run_step "$step" sgljit check ;;
         sh:*) run_step "$step" bash -c "${step#sh:}" ;;
         *) run_step "$step" bash -c "echo 'unknown step: $step'; exit 2" ;;

@@ -1,0 +1,463 @@
+"""Benchmark of the JIT machinery (no GPU needed; GPU rows are added when one is present).
+
+    python3 benchmarks/bench_jit.py [--repeats N] [--no-write]
+
+Measures, each as the median over fresh processes (or calls):
+  - ``import sgljit`` + plugin discovery, with torch already imported (target ≤ 30 ms);
+  - warm load of a cached module in a fresh process: ``sgljit.load_jit(...)`` of a module already in
+    the cache, including the first import of tvm_ffi (target ≤ 20 ms);
+  - cold build of one specialization into an empty cache (C++; CUDA too when nvcc is found);
+  - eager host overhead per call: the bare tvm-ffi call, a validating C++ op, a ``kernel_op``
+    dispatch, torch for comparison; on a CUDA GPU also a JIT CUDA op and installed plugin ops.
+Writes benchmarks/results/<machine>/jit.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCES = HERE / "jit_sources"
+TARGET_IMPORT_MS = 30.0
+TARGET_WARM_MS = 20.0
+MARK = "@@BENCH@@"
+
+# Loader code shared by the children and this process. CUDA arch: SGLJIT_CUDA_ARCH or torch's.
+LOADERS = f"""
+import sgljit
+SOURCES = {str(SOURCES)!r}
+
+def load_cpu(scale=3):
+    return sgljit.load_jit("bench_jit_scale", scale, cpp_files=["scale.h"],
+                           cpp_wrappers=[("scale", f"ScaleCpu<{{scale}}>::run"), ("noop", "Noop::run")],
+                           source_dir=SOURCES)
+
+def load_cuda(scale=3):
+    return sgljit.load_jit("bench_jit_scale_cuda", scale, cuda_files=["scale.cuh"],
+                           cuda_wrappers=[("scale", f"ScaleCuda<{{scale}}>::run")],
+                           source_dir=SOURCES)
+"""
+
+CHILD_TORCH = """
+import time, json
+t0 = time.perf_counter(); import torch; t1 = time.perf_counter()
+print(MARK + json.dumps({"ms": (t1 - t0) * 1e3}))
+"""
+
+CHILD_SGLJIT_AFTER_TORCH = """
+import time, json
+import torch
+t0 = time.perf_counter()
+import sgljit
+from sgljit import plugins
+found = plugins.discover()
+ops = dir(sgljit.ops)
+t1 = time.perf_counter()
+print(MARK + json.dumps({"ms": (t1 - t0) * 1e3, "plugins": [p.name for p in found], "ops": ops}))
+"""
+
+CHILD_SGLJIT_ALONE = """
+import time, json, sys
+t0 = time.perf_counter()
+import sgljit
+from sgljit import plugins
+plugins.discover(); dir(sgljit.ops)
+t1 = time.perf_counter()
+print(MARK + json.dumps({"ms": (t1 - t0) * 1e3, "torch_imported": "torch" in sys.modules}))
+"""
+
+CHILD_FIRST_OP = """
+import time, json
+import torch, sgljit
+name = sorted(dir(sgljit.ops))[0]
+t0 = time.perf_counter(); getattr(sgljit.ops, name); t1 = time.perf_counter()
+print(MARK + json.dumps({"ms": (t1 - t0) * 1e3, "op": name}))
+"""
+
+CHILD_LOAD = """
+import time, json, sys
+import torch, sgljit
+t0 = time.perf_counter()
+import tvm_ffi
+t1 = time.perf_counter()
+import sgljit.cuda
+t2 = time.perf_counter()
+mod = LOADER()
+t3 = time.perf_counter()
+x = torch.ones(16, device=DEVICE); out = torch.empty_like(x)
+mod.scale(x, out)
+if DEVICE == "cuda": torch.cuda.synchronize()
+t4 = time.perf_counter()
+assert float(out[0]) == 3.0, out
+print(MARK + json.dumps({"ms": (t3 - t0) * 1e3, "tvm_ffi_ms": (t1 - t0) * 1e3,
+                         "import_ms": (t2 - t1) * 1e3, "load_ms": (t3 - t2) * 1e3,
+                         "first_call_ms": (t4 - t3) * 1e3}))
+"""
+
+
+def child_env(cache_dir: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # tvm-ffi runs `ninja` from PATH: make this interpreter's scripts folder visible.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.pop("SGLJIT_LOG", None)
+    if cache_dir is not None:
+        env["SGLJIT_CACHE_DIR"] = cache_dir
+    return env
+
+
+def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict:
+    prog = f"MARK = {MARK!r}\n" + code
+    r = subprocess.run(
+        [sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    for line in r.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    tail = (r.stdout + r.stderr).strip().splitlines()[-15:]
+    raise RuntimeError(f"child failed (rc {r.returncode}):\n" + "\n".join(tail))
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.1f}–{max(values):.1f}" if len(values) > 1 else ""
+
+
+class Report:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []  # what, value, range/n, note
+        self.failed: list[str] = []
+
+    def add(self, what: str, value: str, detail: str = "", note: str = "") -> None:
+        self.rows.append((what, value, detail, note))
+        print(f"  {what}: {value}  {detail}  {note}".rstrip(), flush=True)
+
+    def error(self, what: str, err: BaseException | str) -> None:
+        msg = str(err).strip().splitlines()
+        short = msg[-1] if msg else repr(err)
+        self.rows.append((what, "failed", "", short.replace("|", "/")[:200]))
+        self.failed.append(what)
+        print(f"  {what}: FAILED\n    " + "\n    ".join(msg[-15:]), flush=True)
+
+    def skip(self, what: str, reason: str) -> None:
+        self.rows.append((what, "skipped", "", reason))
+        print(f"  {what}: skipped ({reason})", flush=True)
+
+    def table(self) -> str:
+        out = ["| measurement | median | range (n) | note |", "|---|---:|---|---|"]
+        out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in self.rows]
+        return "\n".join(out)
+
+
+def verdict(value: float, target: float) -> str:
+    return f"target ≤ {target:.0f} ms: {'met' if value <= target else 'NOT met'}"
+
+
+def bench_import(rep: Report, n: int) -> None:
+    env = child_env()
+    run_child(CHILD_SGLJIT_AFTER_TORCH, env)  # warm the page cache and __pycache__
+    torch_ms = [run_child(CHILD_TORCH, env)["ms"] for _ in range(n)]
+    rep.add("import torch (fresh process)", f"{med(torch_ms):.0f} ms", f"{spread(torch_ms)} ({n})")
+    res = [run_child(CHILD_SGLJIT_AFTER_TORCH, env) for _ in range(n)]
+    ms = [r["ms"] for r in res]
+    have_ops = bool(res[0]["ops"])
+    plugins = ", ".join(res[0]["plugins"]) or "none installed"
+    rep.add(
+        "import sgljit + plugin discovery, over import torch",
+        f"{med(ms):.1f} ms",
+        f"{spread(ms)} ({n})",
+        f"{verdict(med(ms), TARGET_IMPORT_MS)}; plugins: {plugins}; {len(res[0]['ops'])} ops",
+    )
+    res = [run_child(CHILD_SGLJIT_ALONE, env) for _ in range(n)]
+    ms = [r["ms"] for r in res]
+    rep.add(
+        "import sgljit + plugin discovery, without torch",
+        f"{med(ms):.1f} ms",
+        f"{spread(ms)} ({n})",
+        "torch imported by it: " + ("yes" if res[0]["torch_imported"] else "no"),
+    )
+    if have_ops:
+        res = [run_child(CHILD_FIRST_OP, env) for _ in range(n)]
+        ms = [r["ms"] for r in res]
+        rep.add(
+            f"first lookup of an op (sgljit.ops.{res[0]['op']}: imports its plugin)",
+            f"{med(ms):.1f} ms",
+            f"{spread(ms)} ({n})",
+        )
+
+
+def bench_load(rep: Report, n: int, kind: str, workdir: Path) -> None:
+    """Cold build (empty cache) then warm loads in fresh processes, for kind 'cpu' or 'cuda'."""
+    loader = "load_cpu" if kind == "cpu" else "load_cuda"
+    device = "cpu" if kind == "cpu" else "cuda"
+    label = "C++ (CPU)" if kind == "cpu" else "CUDA"
+    build_code = (
+        LOADERS
+        + f"\nimport time, json\nt0 = time.perf_counter()\n{loader}()\n"
+        + ("print(MARK + json.dumps({'ms': (time.perf_counter() - t0) * 1e3}))\n")
+    )
+    cold: list[float] = []
+    cache = None
+    n_cold = 3 if kind == "cpu" else 2
+    for i in range(n_cold):
+        cache = str(workdir / f"cache-{kind}-{i}")
+        cold.append(run_child(build_code, child_env(cache))["ms"])
+    rep.add(
+        f"cold build of one specialization, {label} (empty cache)",
+        f"{med(cold) / 1e3:.2f} s",
+        f"{spread([c / 1e3 for c in cold])} s ({n_cold})",
+        "compiler + link through tvm-ffi/ninja" + (f", arch {_arch()}" if kind == "cuda" else ""),
+    )
+    if kind == "cuda" and not _has_gpu():
+        rep.skip("warm load of a cached module, CUDA (fresh process)", "needs a CUDA GPU")
+        return
+    code = LOADERS + CHILD_LOAD.replace("LOADER", loader).replace("DEVICE", repr(device))
+    env = child_env(cache)
+    run_child(code, env)  # first load after the build (page cache)
+    res = [run_child(code, env) for _ in range(n)]
+    ms = [r["ms"] for r in res]
+    rep.add(
+        f"warm load of a cached module, {label} (fresh process)",
+        f"{med(ms):.1f} ms",
+        f"{spread(ms)} ({n})",
+        f"{verdict(med(ms), TARGET_WARM_MS)}; of which import tvm_ffi "
+        f"{med([r['tvm_ffi_ms'] for r in res]):.1f} ms, import sgljit.cuda (+cache, filelock) "
+        f"{med([r['import_ms'] for r in res]):.1f} ms, load_jit call "
+        f"{med([r['load_ms'] for r in res]):.1f} ms; then first call "
+        f"{med([r['first_call_ms'] for r in res]):.2f} ms",
+    )
+
+
+def per_call_us(fn, calls: int, sync=None) -> float:
+    """Median over 7 rounds of wall time per call (calls back to back; sync at the end)."""
+    for _ in range(max(10, calls // 10)):
+        fn()
+    if sync:
+        sync()
+    rounds = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if sync:
+            sync()
+        rounds.append((time.perf_counter() - t0) / calls * 1e6)
+    return med(rounds)
+
+
+def bench_host_overhead(rep: Report, workdir: Path) -> None:
+    import torch
+
+    os.environ["SGLJIT_CACHE_DIR"] = str(workdir / "cache-cpu-0")
+    ns: dict = {}
+    exec(LOADERS, ns)  # our own loader code
+    calls = 20000
+    try:
+        mod = ns["load_cpu"]()
+        x = torch.ones(16)
+        out = torch.empty_like(x)
+        rep.add(
+            "host: bare tvm-ffi call, 1 tensor (C++ no-op)",
+            f"{per_call_us(lambda: mod.noop(x), calls):.2f} µs",
+        )
+        rep.add(
+            "host: validating C++ op, 2 tensors (TensorMatcher + 16 floats)",
+            f"{per_call_us(lambda: mod.scale(x, out), calls):.2f} µs",
+        )
+    except Exception as e:
+        rep.error("host: tvm-ffi C++ calls", e)
+        mod = None
+    rep.add(
+        "host: torch.mul(x, 3, out=y), 16 floats CPU (for comparison)",
+        f"{per_call_us(lambda: torch.mul(x, 3, out=out), calls):.2f} µs",
+    )
+    try:
+        from sgljit.op import kernel_op
+
+        def bench_scale_(x: torch.Tensor, out: torch.Tensor) -> None:
+            torch.mul(x, 3, out=out)
+
+        kop = kernel_op("bench_jit_scale", mutates_args=("out",))(bench_scale_)
+        rep.add(
+            "host: kernel_op eager dispatch to the reference (torch.mul) body",
+            f"{per_call_us(lambda: kop(x, out), calls):.2f} µs",
+            note="dispatch = this minus torch.mul above",
+        )
+        rep.add(
+            "host: same through torch.ops.sgljit.bench_jit_scale (custom op)",
+            f"{per_call_us(lambda: torch.ops.sgljit.bench_jit_scale(x, out), calls // 4):.2f} µs",
+            note="what a compiled graph pays outside CUDA graphs",
+        )
+    except Exception as e:
+        rep.error("host: kernel_op dispatch", e)
+        kop = None
+
+    if not _has_gpu():
+        rep.skip("host: CUDA ops (JIT CUDA op, plugin ops)", "needs a CUDA GPU")
+        return
+    os.environ["SGLJIT_CACHE_DIR"] = str(workdir / "cache-cuda-0")
+    sync = torch.cuda.synchronize
+    xc = torch.ones(4096, device="cuda")
+    oc = torch.empty_like(xc)
+    rep.add(
+        "host: torch.mul(x, 3, out=y), 4096 floats CUDA (for comparison)",
+        f"{per_call_us(lambda: torch.mul(xc, 3, out=oc), calls, sync):.2f} µs",
+        note="wall per call, launches back to back",
+    )
+    try:
+        cmod = ns["load_cuda"]()
+        rep.add(
+            "host: JIT CUDA op through tvm-ffi (validate + launch), 4096 floats",
+            f"{per_call_us(lambda: cmod.scale(xc, oc), calls, sync):.2f} µs",
+            note="wall per call, launches back to back",
+        )
+        if kop is not None:
+            kop.register("cuda")(lambda x, out: cmod.scale(x, out))
+            rep.add(
+                "host: kernel_op eager dispatch to that CUDA op",
+                f"{per_call_us(lambda: kop(xc, oc), calls, sync):.2f} µs",
+            )
+    except Exception as e:
+        rep.error("host: JIT CUDA op", e)
+    bench_plugin_ops(rep, calls, sync)
+
+
+def bench_plugin_ops(rep: Report, calls: int, sync) -> None:
+    """Host time per eager call of installed plugin ops, on small bf16 CUDA inputs."""
+    import sgljit
+    import torch
+
+    known = {"rmsnorm": _rms_args}  # signatures fixed by the contract
+    available = set(dir(sgljit.ops))
+    for name, make in known.items():
+        if name not in available:
+            rep.skip(f"host: sgljit.ops.{name} (1×4096 bf16)", "op not installed")
+            continue
+        try:
+            call = make(getattr(sgljit.ops, name))
+            call()
+            torch.cuda.synchronize()
+            rep.add(
+                f"host: sgljit.ops.{name} (1×4096 bf16, out= given)",
+                f"{per_call_us(call, calls // 2, sync):.2f} µs",
+                note="wall per call incl. validation and launch",
+            )
+        except Exception as e:
+            rep.error(f"host: sgljit.ops.{name}", e)
+
+
+def _rms_args(f):
+    import torch
+
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(x)
+    return lambda: f(x, w, 1e-6, out=out)
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _arch() -> str:
+    if os.environ.get("SGLJIT_CUDA_ARCH"):
+        return os.environ["SGLJIT_CUDA_ARCH"]
+    try:
+        from sgljit.toolchain import cuda_arch_list
+
+        return " ".join(cuda_arch_list())
+    except Exception as e:
+        return f"? ({e})"
+
+
+def _nvcc() -> str | None:
+    try:
+        from sgljit.toolchain import find_nvcc
+
+        return find_nvcc()
+    except Exception:
+        return shutil.which("nvcc")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7, help="fresh processes per measurement")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--skip-cuda-build", action="store_true", help="no CUDA cold build")
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(HERE))
+    import harness
+
+    rep = Report()
+    machine = harness.machine_name()
+    print(f"JIT machinery on {machine}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="sgljit-bench-jit-") as tmp:
+        work = Path(tmp)
+        for what, fn in (
+            ("import", lambda: bench_import(rep, args.repeats)),
+            ("C++ module", lambda: bench_load(rep, args.repeats, "cpu", work)),
+        ):
+            try:
+                fn()
+            except Exception as e:
+                rep.error(what, e)
+        cuda_reason = None
+        if args.skip_cuda_build:
+            cuda_reason = "--skip-cuda-build"
+        elif not _nvcc():
+            cuda_reason = "nvcc not found"
+        elif not _has_gpu() and not os.environ.get("SGLJIT_CUDA_ARCH"):
+            cuda_reason = "no GPU and SGLJIT_CUDA_ARCH unset (e.g. SGLJIT_CUDA_ARCH=9.0a)"
+        if cuda_reason:
+            rep.skip("cold build / warm load, CUDA", cuda_reason)
+        else:
+            try:
+                bench_load(rep, args.repeats, "cuda", work)
+            except Exception as e:
+                rep.error("CUDA module", e)
+        try:
+            bench_host_overhead(rep, work)
+        except Exception as e:
+            rep.error("host overhead", e)
+
+    v = harness.versions()
+    text = "\n".join(
+        [
+            f"# JIT machinery — {machine}",
+            "",
+            f"- command: `{harness.command_line()}`",
+            f"- date: {harness.now_utc()}",
+            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+            f"- CPU: {harness.cpu_name()}, {os.cpu_count()} cores",
+            f"- fresh-process figures: median of {args.repeats} processes (one discarded warm-up); "
+            "host figures: median of 7 rounds of back-to-back calls",
+            "",
+            rep.table(),
+            "",
+        ]
+    )
+    print()
+    print(text)
+    if not args.no_write:
+        path = harness.results_dir(machine) / "jit.md"
+        path.write_text(text)
+        print(f"written: {path}")
+    return 1 if rep.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

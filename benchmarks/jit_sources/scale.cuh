@@ -1,0 +1,28 @@
+// CUDA kernel for the JIT-machinery benchmark: out = x * kScale (float32), validated, launched on
+// torch's current stream.
+#pragma once
+
+#include <sgljit/cuda.cuh>
+#include <sgljit/tensor.h>
+
+#include <cstdint>
+
+template <int kScale>
+__global__ void scale_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i] * kScale;
+}
+
+template <int kScale>
+struct ScaleCuda {
+  static void run(tvm::ffi::TensorView x, tvm::ffi::TensorView out) {
+    sgljit::SymbolicSize n{"n"};
+    sgljit::SymbolicDevice dev;
+    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
+    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(dev).verify(out, "out");
+    const int64_t len = n.value();
+    const unsigned blocks = static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256}));
+    sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks), dim3(256), 0, x.device(), "scale_kernel")(
+        static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), len);
+  }
+};
