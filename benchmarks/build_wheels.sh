@@ -5,7 +5,8 @@
 #   PYTHON=/path/to/python bash benchmarks/build_wheels.sh .whl
 #
 # Uses `python -m pip wheel --no-deps --no-build-isolation`, so the build backend (hatchling) must be
-# installed in that Python. Old sgljit wheels in DEST are removed first (two versions of one package in
+# installed in that Python. A project that fails to build does not stop the others (exit status 1
+# at the end). Old sgljit wheels in DEST are removed first (two versions of one package in
 # the folder stop a `pip install DEST/*.whl`); other wheels there (tvm-ffi, liger-kernel) are kept.
 set -euo pipefail
 
@@ -22,10 +23,17 @@ for d in "$ROOT"/plugins/*/; do
     [[ -f "$d/pyproject.toml" ]] && projects+=("${d%/}")
 done
 
+failed=()
 for p in "${projects[@]}"; do
     echo "== building ${p#"$ROOT"/}"
-    "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$DEST" "$p"
+    if ! "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation --wheel-dir "$DEST" "$p"; then
+        failed+=("${p#"$ROOT"/}")
+    fi
 done
 
 echo "== wheels in $DEST:"
 ls -l "$DEST"/*.whl
+if ((${#failed[@]})); then
+    echo "!! failed to build: ${failed[*]}" >&2
+    exit 1
+fi

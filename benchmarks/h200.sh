@@ -40,7 +40,7 @@ log() { echo "$@" | tee -a "$LOG"; }
 
 # ---- environment ---------------------------------------------------------------------------
 export PYTHONUNBUFFERED=1
-SITE=/tmp/site
+SITE="${SITE:-/tmp/site}"
 WHEELS="${WHEELS:-.whl}"
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
