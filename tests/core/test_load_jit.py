@@ -144,7 +144,11 @@ def test_truncated_module_is_rebuilt_with_a_warning(cache_dir):
     load_add_one()
     [folder] = published(cache_dir)
     so = folder / "add_one_fp32_t.so"
-    so.write_bytes(so.read_bytes()[:1000])
+    # A partial copy (a new file: this process has the original mapped, and truncating a mapped
+    # file in place would crash it with SIGBUS).
+    partial = folder / "partial.tmp"
+    partial.write_bytes(so.read_bytes()[:1000])
+    os.replace(partial, so)
     result = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0))
     assert result.returncode == 0, result.stderr
     assert "failed to load" in result.stderr and "rebuilding" in result.stderr
