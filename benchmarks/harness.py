@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import datetime as _dt
 import gc
-import importlib
 import math
 import platform
 import re
@@ -174,25 +173,17 @@ def results_dir(machine: str | None = None) -> Path:
 
 
 def versions() -> dict[str, str]:
+    """Versions of what the numbers depend on (installed distributions; nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     out = {"python": platform.python_version(), "torch": torch.__version__}
     if torch.version.cuda:
         out["cuda"] = torch.version.cuda
-    for mod, label in (
-        ("triton", "triton"),
-        ("tvm_ffi", "apache-tvm-ffi"),
-        ("sgljit", "sgljit"),
-        ("liger_kernel", "liger-kernel"),
-    ):
+    for dist in ("triton", "apache-tvm-ffi", "sgljit", "liger-kernel"):
         try:
-            m = importlib.import_module(mod)
-            out[label] = str(getattr(m, "__version__", "?"))
-        except Exception:
-            out[label] = "missing"
-    if out.get("liger-kernel") == "?":
-        with contextlib.suppress(Exception):
-            from importlib.metadata import version
-
-            out["liger-kernel"] = version("liger-kernel")
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "missing"
     return out
 
 
