@@ -180,6 +180,7 @@ def test_get_function_is_cached_per_signature(kernels):
     assert mod.get_function("scale", SCALE_ARGS) is not mod.get_function("scale", ("ptr",) * 4)
     # the same specialization loaded again shares the process's compiled bundle (same key)
     assert load_scale(kernels, torch.float32).key == mod.key
+    assert mod.build() is mod  # compiles now (already compiled: a no-op)
 
 
 @needs_runtime
@@ -211,8 +212,10 @@ def test_compile_error_carries_clang_diagnostics(tmp_path):
     mod = sgljit.load_jit_sycl(
         "bad", sycl_files=[bad], extra_sycl_cflags=["-DSGLJIT_T=float"], route="rtc"
     )
-    with pytest.raises(sgljit.CompileError) as info:
+    with pytest.raises(sgljit.CompileError) as info:  # at the first launch on a device ...
         mod.get_function("scale", SCALE_ARGS)(8, 8, torch.zeros(8), torch.zeros(8), 1.0, 8)
+    with pytest.raises(sgljit.CompileError):  # ... or when asked to build; nothing is kept
+        mod.build("cpu")
     err = info.value
     assert "use of undeclared identifier 'undeclared_thing'" in err.output
     assert "bad.hpp" in err.output  # the diagnostic points into the user's file

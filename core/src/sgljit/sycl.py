@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .cache import BuildSpec, cache_key, cache_root, get_or_build
+from .cache import SOURCE_SUFFIXES, BuildSpec, cache_key, cache_root, get_or_build
 from .errors import CompileError, SgljitError
 from .jit_utils import cache_once, module_name
 from .toolchain import compiler_identity, host_cxx, short_hash
@@ -349,6 +349,16 @@ class SYCLModule:
             fn = self._functions.setdefault(sig, SYCLFunction(self, name, argtypes))
         return fn
 
+    def build(self, device: Any = "cpu") -> SYCLModule:
+        """Compile now for ``device`` (``"cpu"``, ``"xpu:0"``, a torch.device) rather than at the
+        first launch, e.g. to check that kernels compile. icpx modules are built already."""
+        if self.route == "rtc":
+            import torch
+
+            queue, key, _ = self._queue(torch.device(device))
+            _rtc_bundle(self, queue, key)
+        return self
+
     def _queue(self, device) -> tuple[int, str, int]:
         """(sycl::queue*, device key, wait) for tensors on ``device`` (None: no tensors)."""
         if device is None or device.type == "cpu":
@@ -436,9 +446,18 @@ def _sources(sycl_files: Sequence[str | os.PathLike]) -> tuple[Path, ...]:
 
 
 def _key_inputs(files: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> tuple[Path, ...]:
-    # Transitive headers: every header next to a source, in each include dir and in core's tree.
-    dirs = dict.fromkeys([*(f.parent for f in files), *include_dirs, INCLUDE_DIR])
-    return (*files, *dirs)
+    """What a module's key hashes: the sources, the headers beside them (not in subfolders: a
+    source may sit in a large folder), every include dir's tree and core's include tree."""
+    siblings = sorted(
+        {
+            p
+            for f in files
+            for p in f.parent.iterdir()
+            if p.suffix in SOURCE_SUFFIXES and p.is_file()
+        }
+        - set(files)
+    )
+    return (*files, *siblings, *dict.fromkeys([*include_dirs, INCLUDE_DIR]))
 
 
 def _load_rtc(name, files, include_dirs, cflags) -> SYCLModule:
