@@ -398,6 +398,31 @@ def test_icpx_plan_without_targets_falls_back_to_spir64(kernels, monkeypatch):
     assert "-fsycl-targets=spir64" in p.command
 
 
+@needs_runtime
+@pytest.mark.sycl
+def test_icpx_generated_unit_compiles_in_the_sycl_front_end(kernels, monkeypatch):
+    """icpx is not here, but the runtime compiler is DPC++'s clang: the generated translation unit
+    (bridge ABI + renamed kernels + get_kernel_id<kernel> launchers) must compile in it, and the
+    kernel must exist under its module-unique name."""
+    monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "spir64")
+    p = plan(kernels)
+    tag_name = next(
+        line.split()[2] for line in p.source.splitlines() if line.startswith("#define scale ")
+    )
+    mod = sycl.SYCLModule(
+        p.name,
+        "rtc",
+        "icpx-unit-" + p.key,
+        sycl.bridge(),
+        source=p.source,
+        options=(f"-I{sycl.INCLUDE_DIR}", f"-I{sycl.CSRC_DIR}", "-DSGLJIT_T=bf16_t"),
+    )
+    x = torch.randn(64, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    mod.get_function(tag_name, SCALE_ARGS)(64, 64, x, out, 2.0, 64)
+    torch.testing.assert_close(out, (x.float() * 2).to(torch.bfloat16), rtol=0, atol=0)
+
+
 def test_find_kernels_follows_the_convention():
     commented = (
         'extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>)) void old('

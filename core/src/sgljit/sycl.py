@@ -373,7 +373,8 @@ class SYCLModule:
             import torch
 
             queue = torch.xpu.current_stream(device).sycl_queue  # torch's sycl::queue*, as an int
-            return int(getattr(queue, "value", queue)), f"xpu:{device.index or 0}", 0
+            index = torch.xpu.current_device() if device.index is None else device.index
+            return int(getattr(queue, "value", queue)), f"xpu:{index}", 0
         raise ValueError(f"SYCL kernels run on xpu or cpu tensors, not {device}")
 
     def _kernel(self, name: str, queue: int, device_key: str) -> int:
