@@ -35,7 +35,12 @@ def _offline_args() -> tuple[str, ...]:
 def _install_project(session: nox.Session, *extra: str) -> None:
     offline = _offline_args()
     if offline:  # a machine without a registry: the project's wheels, nothing else
-        session.install(*offline, "--no-deps", "sgljit", *(f"sgljit-{Path(p).parent.name.replace('_', '-')}" for p in PLUGINS))
+        session.install(
+            *offline,
+            "--no-deps",
+            "sgljit",
+            *(f"sgljit-{Path(p).parent.name.replace('_', '-')}" for p in PLUGINS),
+        )
         return
     session.install(*CONSTRAINTS, "torch==2.13.0", *TEST_DEPS, *extra)
     session.install(*CONSTRAINTS, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
@@ -82,7 +87,9 @@ def bench(session: nox.Session) -> None:
     if os.environ.get("SGLJIT_WHEELHOUSE"):
         _install_project(session)
     else:
-        session.install(*CONSTRAINTS, "matplotlib", *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+        session.install(
+            *CONSTRAINTS, "matplotlib", *(arg for pkg in PACKAGES for arg in ("-e", pkg))
+        )
     session.run("python", "benchmarks/bench_jit.py", *session.posargs)
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
         if script.name not in ("bench_jit.py", "bench_example.py"):
@@ -99,9 +106,22 @@ def build(session: nox.Session) -> None:
         session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), pkg)
     wheelhouse = Path(session.create_tmp()) / "wheelhouse"
     session.run(
-        "python", "-m", "pip", "download", "--quiet", "--dest", str(wheelhouse), *CONSTRAINTS,
-        "torch==2.13.0", "apache-tvm-ffi", "filelock", "packaging", "ninja",
+        "python",
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--dest",
+        str(wheelhouse),
+        *CONSTRAINTS,
+        "torch==2.13.0",
+        "apache-tvm-ffi",
+        "filelock",
+        "packaging",
+        "ninja",
     )
     session.run(
-        "pytest", "tests/test_wheels.py", env={"SGLJIT_DIST": str(dist), "SGLJIT_WHEELHOUSE_DEPS": str(wheelhouse)}
+        "pytest",
+        "tests/test_wheels.py",
+        env={"SGLJIT_DIST": str(dist), "SGLJIT_WHEELHOUSE_DEPS": str(wheelhouse)},
     )

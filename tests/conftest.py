@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,32 @@ def has_nvcc() -> bool:
     from sgljit.toolchain import find_nvcc
 
     return find_nvcc() is not None
+
+
+FIXTURE_PLUGINS = Path(__file__).parent / "core" / "fixtures" / "plugins"
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory) -> Path:
+    """The four fixture distributions, pip-installed (wheel build, metadata, entry points)."""
+    target = tmp_path_factory.mktemp("plugin_site")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            *(str(p) for p in sorted(FIXTURE_PLUGINS.iterdir())),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(list(target.glob("sgljit_fixture_*.dist-info"))) == 4
+    return target

@@ -13,7 +13,8 @@ DIST = os.environ.get("SGLJIT_DIST")
 DEPS = os.environ.get("SGLJIT_WHEELHOUSE_DEPS")
 
 pytestmark = pytest.mark.skipif(
-    not (DIST and DEPS), reason="run by `nox -s build`, which builds the wheels and gathers their dependencies"
+    not (DIST and DEPS),
+    reason="run by `nox -s build`, which builds the wheels and gathers their dependencies",
 )
 
 
@@ -25,13 +26,30 @@ def test_plugin_wheel_installs_offline_into_a_fresh_venv(tmp_path):
     python = venv / "bin" / "python"
     names = [w.name.split("-")[0].replace("_", "-") for w in plugin_wheels]
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", DIST, "--find-links", DEPS, *names],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            DIST,
+            "--find-links",
+            DEPS,
+            *names,
+        ],
         check=True,
     )
     out = subprocess.run(
-        [str(python), "-c", "import sgljit; print(' '.join(dir(sgljit.ops)))"], capture_output=True, text=True, check=True
+        [str(python), "-c", "import sgljit; print(' '.join(dir(sgljit.ops)))"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert len(out) >= len(names), out
-    listing = subprocess.run([str(venv / "bin" / "sgljit"), "info"], capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        [str(venv / "bin" / "sgljit"), "info"], capture_output=True, text=True, check=True
+    ).stdout
     for name in names:
         assert name in listing, listing

@@ -4,29 +4,9 @@ into a private folder, each scenario in a fresh interpreter."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
 from ..conftest import run_python
-
-FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
-
-
-@pytest.fixture(scope="module")
-def plugin_site(tmp_path_factory) -> Path:
-    """The four fixture distributions, pip-installed (wheel build, metadata, entry points)."""
-    target = tmp_path_factory.mktemp("plugin_site")
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
-         "--target", str(target), *(str(p) for p in sorted(FIXTURES.iterdir()))],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    assert len(list(target.glob("sgljit_fixture_*.dist-info"))) == 4
-    return target
 
 
 def run_with_plugins(site: Path, code: str, **env: str) -> subprocess.CompletedProcess:
@@ -132,7 +112,9 @@ def test_incompatible_plugin_errors_on_use(plugin_site):
 
 
 def test_info_reports_plugins_and_their_status(plugin_site):
-    result = run_with_plugins(plugin_site, "from sgljit.cli import main; raise SystemExit(main(['info']))")
+    result = run_with_plugins(
+        plugin_site, "from sgljit.cli import main; raise SystemExit(main(['info']))"
+    )
     out = result.stdout
     assert "sgljit-fixture-good 0.1.0" in out and "fixture_double" in out
     assert "incompatible: needs sgljit>=9.0" in out

@@ -102,6 +102,11 @@ class BuildSpec:
     fingerprint: tuple[str, ...] = ()
 
 
+def host_id() -> str:
+    """This host's name in lock and staging paths (``$SGLJIT_HOST_ID`` overrides the host name)."""
+    return os.environ.get("SGLJIT_HOST_ID") or socket.gethostname()
+
+
 def cache_root() -> Path:
     """The cache folder: ``$SGLJIT_CACHE_DIR``, else ``~/.cache/sgljit``."""
     return Path(os.environ.get("SGLJIT_CACHE_DIR") or Path.home() / ".cache" / "sgljit")
@@ -240,7 +245,9 @@ def _load_or_build(spec: BuildSpec, key: str, source_key: str) -> Any:
             + (f' --arch "{spec.arch.replace("_", " ")}"' if spec.backend == "cuda" else "")
             + "` (or unset SGLJIT_NO_COMPILE)."
         )
-    lock_path = final.parent / ".locks" / f"{final.name}.lock"
+    # Locks serialize builds within a host only: file locks are unreliable across NFS clients, and a
+    # dead host's lock must not block the others. Across hosts the atomic rename decides.
+    lock_path = final.parent / ".locks" / host_id() / f"{final.name}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with _acquire(FileLock(str(lock_path)), final, spec):
         module, err = _try_load(spec, final)
@@ -299,9 +306,7 @@ def _discard(folder: Path) -> None:
 
 def _build_and_publish(spec: BuildSpec, key: str, source_key: str, final: Path) -> Any:
     staging = (
-        final.parent
-        / ".staging"
-        / f"{final.name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        final.parent / ".staging" / f"{final.name}.{host_id()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     )
     staging.mkdir(parents=True)
     for name, text in spec.files.items():
@@ -333,7 +338,7 @@ def _build_and_publish(spec: BuildSpec, key: str, source_key: str, final: Path) 
                 ).hexdigest(),
                 "sgljit": __version__,
                 "fingerprint": list(spec.fingerprint),
-                "built_on": socket.gethostname(),
+                "built_on": host_id(),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "seconds": round(time.perf_counter() - started, 3),
             },

@@ -1,0 +1,246 @@
+"""Fleet readiness: prebuild every kernel a plugin declares, and move a built cache between hosts.
+
+A plugin's manifest names a function returning what to prebuild::
+
+    "prebuild": "sgljit_norm.ops:prebuild_specs"
+
+    def prebuild_specs(backend: str) -> list[dict]:
+        # each: {"label": "rmsnorm bf16 4096", "loader": "sgljit_norm.ops:_cuda_module", "args": [torch.bfloat16, 4096]}
+
+``sgljit build`` calls each loader with its args in worker processes (so builds run in parallel and
+one crash cannot take the others down), with the requested architectures, and reports every failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .cache import MANIFEST, cache_root
+
+__all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
+
+BACKENDS = ("cuda", "sycl")
+
+
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], list[str]]:
+    """(jobs, problems): every declared specialization of the selected plugins for ``backend``."""
+    from .plugins import discover
+
+    jobs, problems = [], []
+    found = {p.name: p for p in discover()}
+    for name in plugins or sorted(found):
+        plugin = found.get(name)
+        if plugin is None:
+            problems.append(
+                f"plugin {name!r} is not installed (installed: {', '.join(sorted(found)) or 'none'})"
+            )
+            continue
+        if plugin.error:
+            problems.append(f"plugin {name!r} is {plugin.error}")
+            continue
+        target = (plugin.manifest or {}).get("prebuild")
+        if not target:
+            continue
+        try:
+            specs = _resolve(target)(backend)
+        except Exception as err:
+            problems.append(
+                f"plugin {name!r}: {target}({backend!r}) failed: {type(err).__name__}: {err}"
+            )
+            continue
+        for spec in specs:
+            jobs.append({"plugin": name, "backend": backend, **spec})
+    return jobs, problems
+
+
+def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
+    """In a worker process: build one specialization into the cache."""
+    os.environ.update(env)
+    started = time.perf_counter()
+    try:
+        from .backend import use_backend
+
+        loader = _resolve(job["loader"])
+        with use_backend("sycl" if job["backend"] == "sycl" else "cuda"):
+            loader(*job.get("args", ()), **job.get("kwargs", {}))
+        return True, "", time.perf_counter() - started
+    except Exception as err:
+        return False, f"{type(err).__name__}: {err}", time.perf_counter() - started
+
+
+def build_all(plugins: list[str] | None, backend: str, arch: str | None, jobs: int) -> int:
+    """Compile every declared specialization into the cache; 0 when all built."""
+    env = {"SGLJIT_NO_COMPILE": "0"}
+    if arch:
+        env["SGLJIT_CUDA_ARCH"] = arch
+    work, problems = prebuild_jobs(plugins, backend)
+    if not work and not problems:
+        print(f"nothing to build for {backend}: no installed plugin declares prebuilds")
+        return 0
+    failures: list[tuple[str, str]] = [("(discovery)", p) for p in problems]
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress lines without tqdm
+        tqdm = None
+    bar = tqdm(total=len(work), desc=f"sgljit build {backend}", unit="module") if tqdm else None
+    with cf.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(_run_job, job, env): job for job in work}
+        for done, future in enumerate(cf.as_completed(futures), 1):
+            job = futures[future]
+            label = f"{job['plugin']}: {job.get('label', job['loader'])}"
+            try:
+                ok, message, seconds = future.result()
+            except Exception as err:  # the worker died
+                ok, message, seconds = False, f"worker crashed: {err}", 0.0
+            if not ok:
+                failures.append((label, message))
+            line = f"[{done}/{len(work)}] {'built' if ok else 'FAILED'} {label} ({seconds:.1f}s)"
+            if bar is not None:
+                bar.update(1)
+                bar.write(line)
+            else:
+                print(line, flush=True)
+    if bar is not None:
+        bar.close()
+    print(f"\n{len(work) - len(failures) + len(problems)} of {len(work)} built into {cache_root()}")
+    for label, message in failures:
+        print(
+            f"FAILED {label}:\n  {message.strip().splitlines()[0] if message.strip() else ''}",
+            file=sys.stderr,
+        )
+        if "\n" in message.strip():
+            print("  " + "\n  ".join(message.strip().splitlines()[1:40]), file=sys.stderr)
+    return 1 if failures else 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    backends = BACKENDS if args.backend == "all" else (args.backend,)
+    status = 0
+    for backend in backends:
+        status |= build_all(args.plugin or None, backend, args.arch, args.jobs)
+    return status
+
+
+def add_build_parser(sub: Any) -> None:
+    build = sub.add_parser("build", help="prebuild every kernel the plugins declare into the cache")
+    build.add_argument("--plugin", action="append", help="only this plugin (repeatable)")
+    build.add_argument("--backend", choices=[*BACKENDS, "all"], default="cuda")
+    build.add_argument(
+        "--arch", help='CUDA architectures, e.g. "9.0a 10.0a" (default: this GPU\'s)'
+    )
+    build.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds")
+    build.set_defaults(fn=cmd_build)
+
+
+def _published_entries(root: Path) -> list[Path]:
+    return sorted(m.parent for m in root.glob(f"*/*/*/{MANIFEST}"))
+
+
+def cache_export(file: str) -> int:
+    """Pack every published module (not locks, staging or failed builds) into a tar.gz."""
+    root = cache_root()
+    entries = _published_entries(root)
+    with tarfile.open(file, "w:gz") as tar:
+        for entry in entries:
+            tar.add(entry, arcname=str(entry.relative_to(root)))
+    print(f"exported {len(entries)} modules from {root} to {file}")
+    return 0
+
+
+def _verify(entry: Path) -> str | None:
+    """Why an imported entry must not be used, or None when it is sound."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        return f"unreadable manifest: {err}"
+    if entry.name != f"{manifest.get('name')}-{manifest.get('key')}":
+        return f"folder name does not match its manifest's name and key ({manifest.get('name')}-{manifest.get('key')})"
+    if (entry.parent.name, entry.parent.parent.name) != (
+        manifest.get("arch"),
+        manifest.get("backend"),
+    ):
+        return "folder is not under its manifest's backend/arch"
+    artifact = entry / manifest.get("artifact", "")
+    if not artifact.is_file():
+        return "artifact missing"
+    data = artifact.read_bytes()
+    if len(data) != manifest.get("artifact_bytes") or hashlib.sha256(
+        data
+    ).hexdigest() != manifest.get("artifact_sha256"):
+        return "artifact does not match the size and sha256 recorded when it was built"
+    return _check_loads(manifest["backend"], artifact)
+
+
+def _check_loads(backend: str, artifact: Path) -> str | None:
+    # In a child process: a foreign binary must not be able to take this one down.
+    code = (
+        "import ctypes, sys; ctypes.CDLL(sys.argv[1])"
+        if backend.startswith("sycl")
+        else "import sys, tvm_ffi; tvm_ffi.load_module(sys.argv[1])"
+    )
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(artifact)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        return "does not load: " + (result.stderr.strip().splitlines() or ["?"])[-1]
+    return None
+
+
+def cache_import(file: str) -> int:
+    """Unpack an exported cache, verify each module (key, checksum, loadability), publish the sound ones."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".import-{uuid.uuid4().hex[:8]}-", dir=root))
+    bad = imported = skipped = 0
+    try:
+        with tarfile.open(file, "r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]  # no links, devices
+            if hasattr(tarfile, "data_filter"):  # refuses absolute paths and escapes from `staging`
+                tar.extractall(staging, members=members, filter="data")
+            else:  # Python < 3.10.12: check the names ourselves
+                for m in members:
+                    if m.name.startswith("/") or ".." in Path(m.name).parts:
+                        raise ValueError(f"{file}: unsafe path in archive: {m.name}")
+                tar.extractall(staging, members=members)
+        for entry in _published_entries(staging):
+            rel = entry.relative_to(staging)
+            problem = _verify(entry)
+            if problem:
+                print(f"REJECTED {rel}: {problem}", file=sys.stderr)
+                bad += 1
+                continue
+            final = root / rel
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(entry, final)  # atomic; an existing entry (same key) is kept
+                imported += 1
+            except OSError:
+                skipped += 1
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(
+        f"imported {imported} modules into {root}"
+        + (f", {skipped} already present" if skipped else "")
+        + (f", {bad} rejected" if bad else "")
+    )
+    return 1 if bad else 0

@@ -1,0 +1,162 @@
+"""Fleet readiness: one cache shared by many processes and hosts, prebuilds, export/import."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from ..conftest import has_nvcc, run_python
+from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS, published
+
+
+def test_many_hosts_on_one_shared_folder_publish_one_module(cache_dir):
+    """Processes claiming three host names (three ranks each) cold-start on one cache folder:
+    at most one build per host, exactly one published module, every process gets a working one."""
+    code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
+    procs = []
+    for host in ("node-a", "node-b", "node-c"):
+        env = {**os.environ, "SGLJIT_LOG": "info", "SGLJIT_HOST_ID": host}
+        procs += [
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    assert sum("OK" in out for out, _ in outputs) == 9
+    builds = sum(err.count("compiling add_one") for _, err in outputs)
+    assert 1 <= builds <= 3
+    assert len(published(cache_dir)) == 1
+    root = published(cache_dir)[0].parent
+    assert not list((root / ".staging").iterdir())  # losers discarded their copies
+    assert sorted(p.name for p in (root / ".locks").iterdir()) == ["node-a", "node-b", "node-c"]
+
+
+def test_export_import_into_a_fresh_cache_then_run_without_compiling(cache_dir, tmp_path):
+    assert run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0)).returncode == 0
+    archive = tmp_path / "cache.tar.gz"
+    export = run_python(
+        f"from sgljit.cli import main; raise SystemExit(main(['cache', 'export', r'{archive}']))"
+    )
+    assert export.returncode == 0, export.stderr
+    assert "exported 1 modules" in export.stdout
+
+    fresh = tmp_path / "fresh"
+    env = {"SGLJIT_CACHE_DIR": str(fresh)}
+    imported = run_python(
+        f"from sgljit.cli import main; raise SystemExit(main(['cache', 'import', r'{archive}']))",
+        env,
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert "imported 1 modules" in imported.stdout
+    again = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0), {**env, "SGLJIT_NO_COMPILE": "1"})
+    assert again.returncode == 0, again.stderr
+    assert "compiling" not in again.stderr
+
+
+def test_import_rejects_a_tampered_module(cache_dir, tmp_path):
+    assert run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0)).returncode == 0
+    [folder] = published(cache_dir)
+    archive = tmp_path / "tampered.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in folder.iterdir():
+            data = path.read_bytes()
+            if path.suffix == ".so":
+                data = data[:-16] + b"\0" * 16  # same size, different bytes
+            info = tarfile.TarInfo(f"{folder.relative_to(cache_dir)}/{path.name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    fresh = tmp_path / "fresh"
+    result = run_python(
+        f"from sgljit.cli import main; raise SystemExit(main(['cache', 'import', r'{archive}']))",
+        {"SGLJIT_CACHE_DIR": str(fresh)},
+    )
+    assert result.returncode == 1
+    assert "REJECTED" in result.stderr and "sha256" in result.stderr
+    assert not published(fresh)
+
+
+@pytest.mark.skipif(not has_nvcc(), reason="nvcc not found")
+def test_build_prebuilds_declared_kernels_and_reports_failures(cache_dir, plugin_site):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sgljit.cli",
+            "build",
+            "--plugin",
+            "good",
+            "--arch",
+            "9.0a",
+            "--jobs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out  # the broken specialization fails the command
+    assert "built good: fill 7" in out
+    assert "FAILED good: broken" in out and "this fixture never compiles" in out
+    assert "1 of 2 built" in out
+    assert [p.name.split("-")[0] for p in published(cache_dir, "fixture_")] == ["fixture_fill_7"]
+    assert published(cache_dir, "fixture_")[0].parent.name == "9.0a"
+
+    # In production: nothing compiles, and the prebuilt module is found.
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from sgljit_fixture_good.ops import cuda_module; cuda_module(7); print('OK')",
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "SGLJIT_NO_COMPILE": "1", "SGLJIT_CUDA_ARCH": "9.0a"},
+    )
+    assert check.returncode == 0 and "OK" in check.stdout, check.stderr
+    missing = subprocess.run(
+        [sys.executable, "-c", "from sgljit_fixture_good.ops import cuda_module; cuda_module(8)"],
+        capture_output=True,
+        text=True,
+        env={**env, "SGLJIT_NO_COMPILE": "1", "SGLJIT_CUDA_ARCH": "9.0a"},
+    )
+    assert missing.returncode != 0
+    assert (
+        "fixture_fill_8" in missing.stderr
+        and 'sgljit build --backend cuda --arch "9.0a"' in missing.stderr
+    )
+
+
+def test_build_of_an_unknown_plugin_fails(cache_dir):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sgljit.cli",
+            "build",
+            "--plugin",
+            "no-such-plugin",
+            "--arch",
+            "9.0a",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert "no-such-plugin" in result.stdout + result.stderr
