@@ -13,11 +13,23 @@ from sgljit.op import kernel_op
 
 
 def test_make_cpp_args():
-    args = sgljit.make_cpp_args(True, False, 4096, -3, 0.5, 1e-6, torch.float32, torch.float16, torch.bfloat16)
-    assert list(args) == ["true", "false", "4096", "-3", "0.5f", "1e-06f", "fp32_t", "fp16_t", "bf16_t"]
-    assert str(sgljit.make_cpp_args(torch.float8_e4m3fn, torch.float8_e5m2, torch.int32, torch.int64)) == (
-        "fp8_e4m3_t, fp8_e5m2_t, int32_t, int64_t"
+    args = sgljit.make_cpp_args(
+        True, False, 4096, -3, 0.5, 1e-6, torch.float32, torch.float16, torch.bfloat16
     )
+    assert list(args) == [
+        "true",
+        "false",
+        "4096",
+        "-3",
+        "0.5f",
+        "1e-06f",
+        "fp32_t",
+        "fp16_t",
+        "bf16_t",
+    ]
+    assert str(
+        sgljit.make_cpp_args(torch.float8_e4m3fn, torch.float8_e5m2, torch.int32, torch.int64)
+    ) == ("fp8_e4m3_t, fp8_e5m2_t, int32_t, int64_t")
     with pytest.raises(TypeError, match="complex64"):
         sgljit.make_cpp_args(torch.complex64)
     with pytest.raises(TypeError, match="list"):
@@ -71,16 +83,18 @@ def test_select_backend_defaults_and_overrides(monkeypatch):
         assert sgljit.select_backend(cpu) == "sycl"
         with sgljit.use_backend("reference"):
             assert sgljit.select_backend(cpu) == "reference"
-    with sgljit.use_backend("cuda"), pytest.raises(ValueError, match="forced but the tensors are on cpu"):
+    with (
+        sgljit.use_backend("cuda"),
+        pytest.raises(ValueError, match="forced but the tensors are on cpu"),
+    ):
         sgljit.select_backend(cpu)
     monkeypatch.setenv("SGLJIT_BACKEND", "sycl")
     assert sgljit.select_backend(cpu) == "sycl"
     monkeypatch.setenv("SGLJIT_BACKEND", "tpu")
     with pytest.raises(ValueError, match="SGLJIT_BACKEND='tpu'"):
         sgljit.select_backend(cpu)
-    with pytest.raises(ValueError, match="not one of"):
-        with sgljit.use_backend("metal"):
-            pass
+    with pytest.raises(ValueError, match="not one of"), sgljit.use_backend("metal"):
+        pass
 
 
 calls: list[str] = []
