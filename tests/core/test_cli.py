@@ -13,14 +13,27 @@ from .test_load_jit import load_add_one
 
 def sgljit_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "sgljit.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "sgljit.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
     )
 
 
 def test_info_reports_versions_compilers_and_cache(cache_dir):
     result = sgljit_cli("info")
     assert result.returncode == 0, result.stderr
-    for needle in ("sgljit", "0.1.0", "torch", "apache-tvm-ffi", "c++", "nvcc", str(cache_dir), "plugins:"):
+    for needle in (
+        "sgljit",
+        "0.1.0",
+        "torch",
+        "apache-tvm-ffi",
+        "c++",
+        "nvcc",
+        str(cache_dir),
+        "plugins:",
+    ):
         assert needle in result.stdout, (needle, result.stdout)
 
 
@@ -50,7 +63,9 @@ def test_bad_usage_exits_nonzero():
 def test_import_is_light(module):
     # `import sgljit` must not pull in torch or tvm-ffi (they load on first use).
     code = f"import sys, {module}; print('torch' in sys.modules, 'tvm_ffi' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    ).stdout.split()
     assert out == ["False", "False"]
 
 

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-import sgljit
 import torch
+
+import sgljit
 from sgljit.cache import MANIFEST
 
 from ..conftest import has_nvcc, run_python
