@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-import sgljit
 import torch
+
+import sgljit
 from sgljit import sycl
 
 try:
