@@ -1,0 +1,140 @@
+"""``sgljit check``: run every installed op on every backend this machine has, against its reference.
+
+A plugin's manifest names a function returning its check cases::
+
+    "check": "sgljit_norm.ops:check_cases"
+
+    def check_cases(device: torch.device) -> list[dict]:
+        # each: {"op": "rmsnorm", "shape": "7x4096 bf16", "run": fn, "tol": 2e-2}
+        # fn() runs the op (through whatever backend is selected) on fresh random inputs on `device`
+        # and returns (result, expected) with expected computed by the float64 reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import time
+from typing import Any
+
+__all__ = ["add_parser", "available_backends", "run_checks"]
+
+
+def available_backends() -> tuple[list[tuple[str, Any]], list[str]]:
+    """([(backend, device)], notes): what this machine can run, and why the rest cannot."""
+    import torch
+
+    found, notes = [], []
+    if torch.cuda.is_available():
+        found.append(("cuda", torch.device("cuda")))
+    else:
+        notes.append("cuda: no CUDA GPU visible")
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        found.append(("sycl", torch.device("xpu")))
+    try:
+        from . import sycl
+
+        info = sycl.describe()
+        if any(d["type"] == "cpu" and d["can_build_source"] for d in info["devices"]):
+            found.append(("sycl", torch.device("cpu")))
+        elif info["runtime"] is None:
+            notes.append(f"sycl (CPU device): the SYCL runtime is not installed: {sycl.INSTALL_HINT}")
+        else:
+            notes.append(f"sycl (CPU device): no SYCL CPU device can build kernels ({info['error']})")
+    except Exception as err:
+        notes.append(f"sycl (CPU device): unavailable ({err})")
+    found.append(("reference", torch.device("cpu")))
+    return found, notes
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def _max_error(result: Any, expected: Any) -> float:
+    import torch
+
+    if isinstance(result, (tuple, list)):
+        return max(_max_error(r, e) for r, e in zip(result, expected))
+    r, e = result.detach().double().cpu(), expected.detach().double().cpu()
+    if r.shape != e.shape:
+        return float("inf")
+    if r.numel() == 0:
+        return 0.0
+    if torch.isnan(r).any() != torch.isnan(e).any():
+        return float("nan")
+    return float((r - e).abs().nan_to_num(0.0).max())
+
+
+def run_checks(plugins: list[str] | None = None, repeats: int = 20) -> int:
+    """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
+    from .backend import use_backend
+    from .plugins import discover
+
+    backends, notes = available_backends()
+    rows: list[tuple[str, ...]] = []
+    failed = 0
+    for plugin in discover():
+        if plugins and plugin.name not in plugins:
+            continue
+        target = (plugin.manifest or {}).get("check")
+        if plugin.error or not target:
+            rows.append((f"({plugin.name})", "-", "-", plugin.error or "no checks declared", "-", "-"))
+            failed += bool(plugin.error)
+            continue
+        module, _, attr = target.partition(":")
+        cases_for = getattr(importlib.import_module(module), attr)
+        for backend, device in backends:
+            for case in cases_for(device):
+                label = f"{backend} ({device.type})"
+                try:
+                    with use_backend(backend):
+                        started = time.perf_counter()
+                        result, expected = case["run"]()  # first call: may compile
+                        _sync(device)
+                        first = time.perf_counter() - started
+                        error = _max_error(result, expected)
+                        times = []
+                        for _ in range(repeats):
+                            t0 = time.perf_counter()
+                            case["run"]()
+                            _sync(device)
+                            times.append(time.perf_counter() - t0)
+                    ok = error <= case.get("tol", 1e-5)
+                    status = "ok" if ok else "WRONG"
+                    timing = f"{statistics.median(times) * 1e6:.0f} µs (first {first:.2f}s)"
+                    rows.append((case["op"], label, case["shape"], status, f"{error:.2e}", timing))
+                except Exception as err:
+                    ok = False
+                    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    rows.append((case["op"], label, case["shape"], f"ERROR {message[:80]}", "-", "-"))
+                failed += not ok
+    header = ("op", "backend", "shape", "status", "max error", "time per call (incl. reference)")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print()
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    for note in notes:
+        print(f"\nnot run: {note}")
+    if not rows:
+        print("no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding")
+        return 1
+    print(f"\n{len(rows) - failed} of {len(rows)} passed")
+    return 1 if failed else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    return run_checks(args.plugin or None, args.repeats)
+
+
+def add_parser(sub: Any) -> None:
+    check = sub.add_parser("check", help="run every installed op on each backend against its reference")
+    check.add_argument("--plugin", action="append", help="only this plugin (repeatable)")
+    check.add_argument("--repeats", type=int, default=20, help="timed calls per case")
+    check.set_defaults(fn=cmd_check)
