@@ -237,6 +237,13 @@ def bench_load(rep: Report, n: int, kind: str, workdir: Path) -> None:
         f"{med([r['load_ms'] for r in res]):.1f} ms; then first call "
         f"{med([r['first_call_ms'] for r in res]):.2f} ms",
     )
+    rest = [r["import_ms"] + r["load_ms"] for r in res]
+    rep.add(
+        f"warm load, {label}, excluding the import of tvm_ffi",
+        f"{med(rest):.1f} ms",
+        f"{spread(rest)} ({n})",
+        f"{verdict(med(rest), TARGET_WARM_MS)}; import sgljit.cuda + load_jit call",
+    )
 
 
 def per_call_us(fn, calls: int, sync=None) -> float:

@@ -292,7 +292,7 @@ def streaming_ceiling(gib: float = 4.0, rep_ms: float = 100.0) -> tuple[float, s
     if _CEILING is not None:
         return _CEILING
     free, _total = torch.cuda.mem_get_info()
-    size = min(int(gib * 2**30), int(free * 0.4))  # a and b
+    size = min(int(gib * 2**30), int(free * 0.4))  # bytes of a (and of b)
     n = (size // 2) // 4096 * 4096
     a = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     b = torch.empty_like(a)
