@@ -31,12 +31,13 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import CompileError, NoCompileError
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 __all__ = [
     "BuildSpec",
@@ -249,6 +250,8 @@ def _load_or_build(spec: BuildSpec, key: str, source_key: str) -> Any:
     # dead host's lock must not block the others. Across hosts the atomic rename decides.
     lock_path = final.parent / ".locks" / host_id() / f"{final.name}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock  # only on a miss: importing it costs more than a warm load
+
     with _acquire(FileLock(str(lock_path)), final, spec):
         module, err = _try_load(spec, final)
         if module is not None:
@@ -271,6 +274,8 @@ class _acquire:
         self.lock, self.final, self.spec = lock, final, spec
 
     def __enter__(self) -> None:
+        from filelock import Timeout
+
         waited_since = time.monotonic()
         stale_after = float(os.environ.get("SGLJIT_LOCK_TIMEOUT", "600"))
         while True:
