@@ -89,9 +89,17 @@ def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
 def build_all(plugins: list[str] | None, backend: str, arch: str | None, jobs: int) -> int:
     """Compile every declared specialization into the cache; 0 when all built."""
     env = {"SGLJIT_NO_COMPILE": "0"}
-    if arch:
-        env["SGLJIT_CUDA_ARCH"] = arch
     work, problems = prebuild_jobs(plugins, backend)
+    archs = (arch or "").split() if backend == "cuda" else []
+    if len(archs) > 1:
+        # One module per architecture: a serving host looks up its own GPU's architecture alone.
+        work = [
+            {**job, "arch": a, "label": f"{job.get('label', job['loader'])} [{a}]"}
+            for a in archs
+            for job in work
+        ]
+    elif archs:
+        env["SGLJIT_CUDA_ARCH"] = archs[0]
     if not work and not problems:
         print(f"nothing to build for {backend}: no installed plugin declares prebuilds")
         return 0
@@ -102,7 +110,14 @@ def build_all(plugins: list[str] | None, backend: str, arch: str | None, jobs: i
         tqdm = None
     bar = tqdm(total=len(work), desc=f"sgljit build {backend}", unit="module") if tqdm else None
     with cf.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_run_job, job, env): job for job in work}
+        futures = {
+            pool.submit(
+                _run_job,
+                job,
+                {**env, **({"SGLJIT_CUDA_ARCH": job["arch"]} if "arch" in job else {})},
+            ): job
+            for job in work
+        }
         for done, future in enumerate(cf.as_completed(futures), 1):
             job = futures[future]
             label = f"{job['plugin']}: {job.get('label', job['loader'])}"
