@@ -101,7 +101,7 @@ def test_build_prebuilds_declared_kernels_and_reports_failures(cache_dir, plugin
             "--plugin",
             "good",
             "--arch",
-            "9.0a",
+            "9.0a 8.0",
             "--jobs",
             "2",
         ],
@@ -112,11 +112,13 @@ def test_build_prebuilds_declared_kernels_and_reports_failures(cache_dir, plugin
     )
     out = result.stdout + result.stderr
     assert result.returncode == 1, out  # the broken specialization fails the command
-    assert "built good: fill 7" in out
-    assert "FAILED good: broken" in out and "this fixture never compiles" in out
-    assert "1 of 2 built" in out
-    assert [p.name.split("-")[0] for p in published(cache_dir, "fixture_")] == ["fixture_fill_7"]
-    assert published(cache_dir, "fixture_")[0].parent.name == "9.0a"
+    assert "built good: fill 7 [9.0a]" in out and "built good: fill 7 [8.0]" in out
+    assert "FAILED good: broken [9.0a]" in out and "this fixture never compiles" in out
+    assert "2 of 4 built" in out
+    # one module per architecture, so each serving host finds its own GPU's
+    modules = published(cache_dir, "fixture_")
+    assert sorted(p.parent.name for p in modules) == ["8.0", "9.0a"]
+    assert {p.name.split("-")[0] for p in modules} == {"fixture_fill_7"}
 
     # In production: nothing compiles, and the prebuilt module is found.
     check = subprocess.run(
