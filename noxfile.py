@@ -83,14 +83,14 @@ def tests_cuda(session: nox.Session) -> None:
 
 @nox.session(venv_params=["--system-site-packages"])
 def bench(session: nox.Session) -> None:
-    """The JIT-machinery benchmark everywhere; the kernel benchmarks where a CUDA GPU is visible."""
+    """The JIT-machinery benchmark everywhere; the streaming ceiling and the kernel benchmarks where a
+    CUDA GPU is visible (without one each prints why it skipped). posargs go to the family scripts."""
     if os.environ.get("SGLJIT_WHEELHOUSE"):
         _install_project(session)
-    else:
-        session.install(
-            *CONSTRAINTS, "matplotlib", *(arg for pkg in PACKAGES for arg in ("-e", pkg))
-        )
-    session.run("python", "benchmarks/bench_jit.py", *session.posargs)
+    else:  # no constraints: on a GPU machine the system's CUDA torch must stay
+        session.install("matplotlib", *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+    session.run("python", "benchmarks/bench_jit.py")
+    session.run("python", "benchmarks/harness.py")
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
         if script.name not in ("bench_jit.py", "bench_example.py"):
             session.run("python", str(script), *session.posargs)
