@@ -71,3 +71,33 @@ def test_import_is_light(module):
 
 def test_include_readme_exists():
     assert (Path(__file__).parents[2] / "core/src/sgljit/include/README.md").exists()
+
+
+def test_check_runs_ops_against_their_reference(plugin_site):
+    import os
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]),
+    }
+    good = subprocess.run(
+        [sys.executable, "-m", "sgljit.cli", "check", "--plugin", "good", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert (
+        "fixture_double" in good.stdout
+        and "reference (cpu)" in good.stdout
+        and " ok " in good.stdout
+    )
+    assert "passed" in good.stdout
+    wrong = subprocess.run(
+        [sys.executable, "-m", "sgljit.cli", "check", "--plugin", "conflict", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert wrong.returncode == 1
+    assert "WRONG" in wrong.stdout and "fixture_other" in wrong.stdout
