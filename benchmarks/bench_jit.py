@@ -342,8 +342,9 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
 
 def bench_plugin_ops(rep: Report, calls: int, sync) -> None:
     """Host time per eager call of installed plugin ops, on small bf16 CUDA inputs."""
-    import sgljit
     import torch
+
+    import sgljit
 
     known = {"rmsnorm": _rms_args}  # signatures fixed by the contract
     available = set(dir(sgljit.ops))
