@@ -1,0 +1,532 @@
+"""sgljit-timestep-embedding: reference, SYCL (CPU device) and CUDA kernels against an fp64 oracle.
+
+The oracle is written independently of the plugin (numpy fp32 arithmetic for the argument, Python's
+``math.exp`` for the frequencies, numpy fp64 sin/cos). Accuracy contract: each fp32 output within
+1e-6 of sin/cos (fp64) of the fp32 argument, for |arg| up to 1e5 (tested up to 1e6); fp16/bf16
+outputs within that plus half an epsilon of the output type.
+"""
+
+import math
+import os
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import sgljit
+from sgljit_timestep_embedding import ops, reference
+
+try:
+    from sgljit import sycl as _sycl
+
+    _sycl.find_runtime()
+    SYCL_MISSING = False
+except Exception:  # SYCLRuntimeNotFound, or no sycl module at all
+    SYCL_MISSING = True
+
+HAS_CUDA = torch.cuda.is_available()
+BACKENDS = [
+    "reference",
+    pytest.param("sycl", marks=pytest.mark.sycl),
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+OUT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Every dim class of the CUDA kernels: 1 (zero column only), odd (flat kernel), half % 4 != 0
+# (flat for fp32), half % 8 == 4 (rows for fp32, flat for 16-bit), rows for every dtype.
+DIMS = [1, 2, 7, 8, 100, 264, 320, 1023, 1024]
+PACKAGE = Path(ops.__file__).resolve().parent
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    if request.param == "cuda" and not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    if request.param == "sycl" and SYCL_MISSING:
+        pytest.skip("SYCL runtime not installed")
+    return request.param
+
+
+def device_of(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
+
+
+# ------------------------------------------------------------------------------------------------
+# Independent oracle
+# ------------------------------------------------------------------------------------------------
+def oracle(t, dim, flip_sin_to_cos=False, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
+    """fp64 embedding [B, dim] of the fp32 argument, from numpy and math only."""
+    half = dim // 2
+    tf = np.asarray(t.detach().cpu().to(torch.float64)).astype(np.float32)
+    j = np.arange(half, dtype=np.float32)
+    exponent = (np.float32(-math.log(max_period)) * j) / np.float32(half - downscale_freq_shift)
+    freq = np.array([math.exp(float(e)) for e in exponent], dtype=np.float64).astype(np.float32)
+    arg = (tf[:, None] * freq[None, :]) * np.float32(scale)
+    a = arg.astype(np.float64)
+    parts = [np.cos(a), np.sin(a)] if flip_sin_to_cos else [np.sin(a), np.cos(a)]
+    if dim % 2:
+        parts.append(np.zeros((len(tf), 1)))
+    return np.concatenate(parts, axis=1), arg
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return 1e-6 if dtype == torch.float32 else 1e-6 + torch.finfo(dtype).eps / 2
+
+
+def assert_embedding(
+    out: torch.Tensor, expected: np.ndarray, dtype: torch.dtype, what: str = ""
+) -> None:
+    assert out.dtype == dtype
+    got = out.detach().cpu().to(torch.float64).numpy()
+    assert got.shape == expected.shape
+    assert np.isfinite(got).all(), (
+        f"{what}: {np.count_nonzero(~np.isfinite(got))} unwritten/NaN elements"
+    )
+    err = np.abs(got - expected)
+    worst = np.unravel_index(np.argmax(err), err.shape) if err.size else ()
+    assert err.size == 0 or err.max() <= tolerance(dtype), (
+        f"{what}: max abs error {err.max():.3e} at {worst} (got {got[worst]!r}, expected "
+        f"{expected[worst]!r}); tolerance {tolerance(dtype):.3e}"
+    )
+
+
+def poisoned(shape, dtype, device) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def run(backend, t, dim, dtype=torch.float32, **kw) -> torch.Tensor:
+    """The public op on `backend`, writing into a NaN-poisoned `out`."""
+    t = t.to(device_of(backend))
+    out = poisoned((t.shape[0], dim), dtype, t.device)
+    with sgljit.use_backend(backend):
+        res = sgljit.ops.timestep_embedding(t, dim, dtype=dtype, out=out, **kw)
+    assert res is out
+    if backend == "cuda":
+        torch.cuda.synchronize()
+    return res
+
+
+def timesteps(n: int, high: float = 1000.0, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, generator=g, dtype=torch.float64).mul(high).add(1e-3).float()
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference (CPU)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"flip_sin_to_cos": True},
+        {"downscale_freq_shift": 1.0},
+        {"flip_sin_to_cos": True, "downscale_freq_shift": 1.0, "scale": 1000.0},
+        {"max_period": 100, "scale": 0.5},
+    ],
+)
+def test_reference_matches_fp64_oracle(dim, kw):
+    if dim // 2 == kw.get("downscale_freq_shift", 0.0):
+        pytest.skip("dim // 2 == downscale_freq_shift divides by zero (the op rejects it)")
+    t = timesteps(33, seed=dim)
+    expected, arg = oracle(t, dim, **kw)
+    ref_arg = reference.timestep_arguments(
+        t,
+        dim,
+        kw.get("downscale_freq_shift", 0.0),
+        kw.get("scale", 1.0),
+        kw.get("max_period", 10000),
+    )
+    assert np.array_equal(ref_arg.numpy(), arg), "fp32 arguments must be identical to the bit"
+    got = reference.timestep_embedding_fp64(t, dim, **kw).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-15)
+
+
+def _diffusers_get_timestep_embedding(
+    timesteps,
+    embedding_dim,
+    flip_sin_to_cos=False,
+    downscale_freq_shift=1,
+    scale=1,
+    max_period=10000,
+):
+    """diffusers.models.embeddings.get_timestep_embedding, verbatim (fp32 throughout)."""
+    half_dim = embedding_dim // 2
+    exponent = -math.log(max_period) * torch.arange(
+        start=0, end=half_dim, dtype=torch.float32, device=timesteps.device
+    )
+    exponent = exponent / (half_dim - downscale_freq_shift)
+    emb = torch.exp(exponent)
+    emb = timesteps[:, None].float() * emb[None, :]
+    emb = scale * emb
+    emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
+    if flip_sin_to_cos:
+        emb = torch.cat([emb[:, half_dim:], emb[:, :half_dim]], dim=-1)
+    if embedding_dim % 2 == 1:
+        emb = torch.nn.functional.pad(emb, (0, 1, 0, 0))
+    return emb
+
+
+@pytest.mark.parametrize("dim", [7, 256, 320, 1023])
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("shift", [0.0, 1.0])
+def test_matches_diffusers_formula(dim, flip, shift):
+    """Same semantics as diffusers (up to its fp32 exp/sin rounding: |arg| <= 1000 here)."""
+    t = timesteps(64)
+    want = _diffusers_get_timestep_embedding(t, dim, flip, shift)
+    got = sgljit.ops.timestep_embedding(t, dim, flip_sin_to_cos=flip, downscale_freq_shift=shift)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-4)
+
+
+def test_default_shift_is_zero_and_diffusers_default_is_one():
+    """The op defaults to downscale_freq_shift=0 (serving kernels); diffusers' function to 1."""
+    t = timesteps(16)
+    default = sgljit.ops.timestep_embedding(t, 64)
+    torch.testing.assert_close(
+        default, sgljit.ops.timestep_embedding(t, 64, downscale_freq_shift=0.0)
+    )
+    diffusers_default = _diffusers_get_timestep_embedding(t, 64)  # shift 1
+    torch.testing.assert_close(
+        sgljit.ops.timestep_embedding(t, 64, downscale_freq_shift=1),
+        diffusers_default,
+        rtol=0,
+        atol=2e-4,
+    )
+    assert (default - diffusers_default).abs().max() > 0.1  # the two defaults really differ
+
+
+# ------------------------------------------------------------------------------------------------
+# Every backend
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", DIMS)
+def test_numerics(backend, dtype, dim):
+    kw = {"flip_sin_to_cos": dim % 3 == 0, "downscale_freq_shift": float(dim % 2)}
+    t = timesteps(7, seed=dim)
+    assert_embedding(
+        run(backend, t, dim, dtype, **kw), oracle(t, dim, **kw)[0], dtype, f"dim={dim}"
+    )
+
+
+@pytest.mark.parametrize("dim", [256, 1023])
+@pytest.mark.parametrize("scale", [100.0, 1000.0])
+def test_accuracy_contract_large_arguments(backend, dim, scale):
+    """t up to 1000 and scale up to 1000: |arg| up to 1e6, every output within 1e-6 (fp32)."""
+    t = torch.cat([timesteps(61, seed=int(scale)), torch.tensor([999.0, 1000.0, 0.0, 1.0])])
+    kw = {"scale": scale, "flip_sin_to_cos": True}
+    expected, arg = oracle(t, dim, **kw)
+    assert np.abs(arg).max() > scale * 999
+    assert_embedding(
+        run(backend, t, dim, torch.float32, **kw), expected, torch.float32, f"scale={scale}"
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 7, 4109])
+def test_odd_batch_sizes(backend, batch):
+    t = timesteps(batch, seed=batch)
+    for dim in (256, 7):
+        assert_embedding(
+            run(backend, t, dim), oracle(t, dim)[0], torch.float32, f"B={batch} dim={dim}"
+        )
+
+
+def test_empty_batch(backend):
+    out = run(backend, torch.empty(0), 256)
+    assert out.shape == (0, 256)
+
+
+def test_strided_timesteps(backend):
+    base = timesteps(3 * 37, seed=5)
+    t = base.to(device_of(backend))[::3]
+    assert t.stride(0) == 3
+    assert_embedding(
+        run(backend, t, 320, flip_sin_to_cos=True), oracle(t, 320, True)[0], torch.float32
+    )
+
+
+@pytest.mark.parametrize(
+    "t_dtype",
+    [torch.int64, torch.float16, torch.float64, torch.int8],
+    ids=str,
+)
+def test_timestep_dtypes(backend, t_dtype):
+    t = (timesteps(19, high=120.0) if t_dtype != torch.float16 else timesteps(19)).to(t_dtype)
+    assert_embedding(
+        run(backend, t, 256, torch.bfloat16), oracle(t, 256)[0], torch.bfloat16, str(t_dtype)
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "t_dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8], ids=str
+)
+def test_timestep_dtypes_cuda(t_dtype):
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    t = timesteps(19, high=200.0).to(t_dtype)
+    for dim in (256, 7):
+        assert_embedding(
+            run("cuda", t, dim), oracle(t, dim)[0], torch.float32, f"{t_dtype} dim={dim}"
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "kwargs", "exc", "match"),
+    [
+        ((torch.zeros(2, 3), 8), {}, ValueError, r"t: expected a 1-D"),
+        ((torch.zeros(()), 8), {}, ValueError, r"t: expected a 1-D"),
+        ((torch.zeros(4, dtype=torch.complex64), 8), {}, TypeError, r"t: expected a real"),
+        ((torch.zeros(4, dtype=torch.bool), 8), {}, TypeError, r"t: expected a real"),
+        (([1.0, 2.0], 8), {}, TypeError, r"t: expected a torch.Tensor"),
+        ((torch.ones(4), 0), {}, ValueError, r"dim: expected a positive"),
+        ((torch.ones(4), -3), {}, ValueError, r"dim: expected a positive"),
+        ((torch.ones(4), 8.0), {}, TypeError, r"dim: expected an int"),
+        ((torch.ones(4), 8), {"max_period": 0}, ValueError, r"max_period: expected a positive"),
+        ((torch.ones(4), 8), {"max_period": -10.0}, ValueError, r"max_period: expected a positive"),
+        (
+            (torch.ones(4), 8),
+            {"max_period": float("inf")},
+            ValueError,
+            r"max_period: expected a finite",
+        ),
+        ((torch.ones(4), 8), {"scale": "2"}, TypeError, r"scale: expected a real"),
+        (
+            (torch.ones(4), 8),
+            {"downscale_freq_shift": 4},
+            ValueError,
+            r"downscale_freq_shift: must differ",
+        ),
+        (
+            (torch.ones(4), 8),
+            {"flip_sin_to_cos": 1},
+            TypeError,
+            r"flip_sin_to_cos: expected a bool",
+        ),
+        ((torch.ones(4), 8), {"dtype": torch.float64}, TypeError, r"dtype: expected one of"),
+        ((torch.ones(4), 8), {"out": torch.empty(4, 9)}, ValueError, r"out: expected shape"),
+        (
+            (torch.ones(4), 8),
+            {"out": torch.empty(4, 8, dtype=torch.int32)},
+            TypeError,
+            r"out: expected dtype",
+        ),
+        (
+            (torch.ones(4), 8),
+            {"out": torch.empty(4, 8), "dtype": torch.bfloat16},
+            ValueError,
+            r"out: dtype torch.float32 differs",
+        ),
+        (
+            (torch.ones(4), 8),
+            {"out": torch.empty(8, 4).t()},
+            ValueError,
+            r"out: expected a contiguous",
+        ),
+    ],
+)
+def test_bad_inputs(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        sgljit.ops.timestep_embedding(*args, **kwargs)
+
+
+def test_torch_compile_fullgraph_reference():
+    op = sgljit.ops.timestep_embedding
+
+    def f(t, out):
+        return op(t, 7, flip_sin_to_cos=True, scale=2.0, out=out).mul(3.0)
+
+    t = timesteps(9)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(t, torch.empty(9, 7))
+    torch.testing.assert_close(got, f(t, torch.empty(9, 7)), rtol=0, atol=0)
+
+
+def test_dim_one_and_odd_dims_write_a_zero_column():
+    out = sgljit.ops.timestep_embedding(torch.tensor([3.0, 5.0]), 1)
+    assert out.tolist() == [[0.0], [0.0]]
+    assert (sgljit.ops.timestep_embedding(timesteps(5), 9)[:, -1] == 0).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernels' sin/cos: Cody-Waite reduction by 2*pi, emulated bit-exactly on the CPU
+# ------------------------------------------------------------------------------------------------
+def fma_f32(a, b, c) -> np.ndarray:
+    """fp32 fmaf(a, b, c), exact: a*b is exact in fp64, TwoSum gives the exact a*b + c as s + e,
+    and rounding s to fp32 is correct unless s sits exactly on a tie, where e decides."""
+    a64, b64, c64 = (np.asarray(x, np.float32).astype(np.float64) for x in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    bb = s - p
+    e = (p - (s - bb)) + (c64 - bb)
+    r = s.astype(np.float32)
+    r64 = r.astype(np.float64)
+    other = np.where(
+        s > r64, np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))
+    )
+    tie = (s == (r64 + other.astype(np.float64)) / 2) & (e != 0)
+    toward = np.where(e > 0, np.maximum(r, other), np.minimum(r, other))
+    return np.where(tie, toward, r).astype(np.float32)
+
+
+def kernel_constants(path: Path) -> dict[str, np.float32]:
+    text = path.read_text()
+    found = dict(
+        re.findall(r"constexpr float (k(?:Inv2Pi|TwoPi\w+)) = (-?0x[0-9a-fA-F.p+-]+)f;", text)
+    )
+    assert set(found) == {"kInv2Pi", "kTwoPiHi", "kTwoPiMid", "kTwoPiLo"}, found
+    return {k: np.float32(float.fromhex(v)) for k, v in found.items()}
+
+
+def reduce_two_pi(x: np.ndarray, c: dict[str, np.float32]) -> np.ndarray:
+    """The kernels' reduce_two_pi in numpy fp32 (CUDA: __fmul_rn/fmaf/__fadd_rn; SYCL: the same)."""
+    x = np.asarray(x, np.float32)
+    k = np.rint(x * c["kInv2Pi"]).astype(np.float32)
+    r = fma_f32(-k, c["kTwoPiHi"], x)
+    tail = fma_f32(-k, c["kTwoPiMid"], (-k * c["kTwoPiLo"]).astype(np.float32))
+    return (r + tail).astype(np.float32)
+
+
+def test_fma_emulation_is_exact():
+    rng = np.random.default_rng(1)
+    x = (rng.uniform(-1e5, 1e5, 400)).astype(np.float32)
+    k = np.rint(x * np.float32(1 / (2 * math.pi))).astype(np.float32)
+    for b in (np.float32(6.2831855), np.float32(-1.7484555e-07)):
+        got = fma_f32(-k, b, x)
+        for ki, xi, gi in zip(k, x, got, strict=True):
+            exact = -Fraction(float(ki)) * Fraction(float(b)) + Fraction(float(xi))
+            lo, hi = np.nextafter(gi, np.float32(-np.inf)), np.nextafter(gi, np.float32(np.inf))
+            d = abs(Fraction(float(gi)) - exact)
+            assert d <= abs(Fraction(float(lo)) - exact) and d <= abs(Fraction(float(hi)) - exact)
+
+
+def test_cody_waite_reduction_error_bound():
+    """Dense sweep of fp32 arguments: the reduced argument costs < 1.25e-7, so with the hardware
+    sin/cos (|err| <= 2^-21.41 / 2^-21.19 on [-pi, pi], CUDA programming guide) the total stays
+    below 6e-7 < 1e-6. The SYCL kernel uses the same constants and code."""
+    c = kernel_constants(PACKAGE / "csrc" / "timestep_embedding.cuh")
+    assert c == kernel_constants(PACKAGE / "sycl" / "timestep_embedding.hpp")
+    two_pi = (
+        Fraction(c["kTwoPiHi"].item())
+        + Fraction(c["kTwoPiMid"].item())
+        + Fraction(c["kTwoPiLo"].item())
+    )
+    assert abs(float(two_pi - Fraction(2 * math.pi))) < 1e-15  # the split sums to 2*pi
+
+    rng = np.random.default_rng(0)
+    k = np.arange(-16000, 16001, dtype=np.float64)
+    near_multiples = (k * 2 * math.pi).astype(np.float32)
+    x = np.concatenate(
+        [
+            np.linspace(-1e5, 1e5, 600_001).astype(np.float32),
+            (10 ** rng.uniform(-6, 5, 200_000) * rng.choice([-1, 1], 200_000)).astype(np.float32),
+            near_multiples,
+            np.nextafter(near_multiples, np.float32(np.inf)),
+            (k * 2 * math.pi + math.pi).astype(np.float32),  # r near +-pi: the largest |r|
+            rng.uniform(-1e6, 1e6, 100_000).astype(np.float32),
+        ]
+    )
+    r = reduce_two_pi(x, c).astype(np.float64)
+    x64 = x.astype(np.float64)
+    err = np.maximum(np.abs(np.sin(r) - np.sin(x64)), np.abs(np.cos(r) - np.cos(x64)))
+    assert err.max() < 1.25e-7, err.max()
+    small = np.abs(x64) <= 1e5
+    assert np.abs(r[small]).max() < math.pi + 0.01  # inside the hardware sin/cos's accurate range
+    hardware = 2.0**-21.19  # __cosf's bound (the larger of the two)
+    assert err.max() + hardware < 6e-7
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA: compile check (runs in CI without a GPU), then GPU-only behaviour
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cuda_build_env(tmp_path_factory):
+    from sgljit.toolchain import find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    with pytest.MonkeyPatch.context() as mp:
+        if not HAS_CUDA:
+            mp.setenv("SGLJIT_CUDA_ARCH", os.environ.get("SGLJIT_CUDA_ARCH") or "9.0a")
+        if not HAS_CUDA or not os.environ.get("SGLJIT_CACHE_DIR"):
+            mp.setenv("SGLJIT_CACHE_DIR", str(tmp_path_factory.mktemp("sgljit-cache")))
+        yield
+
+
+@pytest.mark.parametrize("spec", ops.prebuild_specs("cuda"), ids=lambda s: str(s["out_dtype"]))
+def test_cuda_compiles(cuda_build_env, spec):
+    """Every CUDA specialization (one module per output dtype) builds for sm_90a."""
+    module = ops._cuda_module.__wrapped__(**spec)
+    assert hasattr(module, "timestep_embedding")
+
+
+def test_prebuild_specs():
+    assert ops.prebuild_specs("cuda") == [{"out_dtype": d} for d in OUT_DTYPES]
+    assert {"t_dtype": torch.float32, "out_dtype": torch.float32} in ops.prebuild_specs("sycl")
+    with pytest.raises(ValueError, match="backend"):
+        ops.prebuild_specs("metal")
+
+
+needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize(("batch", "dim"), [(65536, 1024), (300, 4096), (5, 4800), (3, 16387)])
+def test_cuda_large_shapes(dtype, batch, dim):
+    """The shapes of the benchmark, column chunks (> 256 vector groups) and the flat kernel without
+    a frequency table (odd dim > 16385)."""
+    t = torch.rand(batch, device="cuda") * 1000
+    kw = {"flip_sin_to_cos": True}
+    got = run("cuda", t, dim, dtype, **kw)
+    expected = reference.timestep_embedding_fp64(t, dim, **kw)  # fp64 on the GPU, same fp32 args
+    err = (got.double() - expected).abs().max().item()
+    assert err <= tolerance(dtype), err
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_torch_compile_fullgraph():
+    op = sgljit.ops.timestep_embedding
+
+    def f(t):
+        return op(t, 256, flip_sin_to_cos=True, scale=2.0).mul(3.0)
+
+    t = torch.rand(37, device="cuda") * 1000
+    got = torch.compile(f, fullgraph=True)(t)
+    want = torch.from_numpy(oracle(t, 256, True, scale=2.0)[0]) * 3.0
+    assert (got.cpu().double() - want).abs().max().item() <= 3e-6
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dim", [256, 7])
+def test_cuda_graph_capture_and_replay(dim):
+    t = torch.rand(129, device="cuda") * 1000
+    out = torch.empty(129, dim, device="cuda")
+    sgljit.ops.timestep_embedding(t, dim, out=out)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sgljit.ops.timestep_embedding(t, dim, out=out)
+    for seed in range(2):
+        t.copy_(timesteps(129, seed=seed + 10).cuda())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_embedding(out, oracle(t, dim)[0], torch.float32, f"replay {seed}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_current_stream():
+    t = torch.rand(4109, device="cuda") * 1000
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = sgljit.ops.timestep_embedding(t, 320)
+    stream.synchronize()
+    assert_embedding(out, oracle(t, 320)[0], torch.float32)
