@@ -99,19 +99,27 @@ __global__ void __launch_bounds__(kRowsBlockThreads) timestep_embedding_rows_ker
   // Issue the first timestep load before the exp table so its latency overlaps the fp64 exps.
   float t_next = row < p.rows ? load_t(t + row * p.t_stride) : 0.f;
 
-  const int chunk_col = blockIdx.y * blockDim.x * V;
-  const int chunk_cols = min(static_cast<int>(blockDim.x) * V, p.half - chunk_col);
-  const int threads = blockDim.x * blockDim.y;
-  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < chunk_cols; i += threads) {
-    s_freq[i] = column_freq(chunk_col + i, p.neg_log_max_period, p.denominator);
-  }
-  __syncthreads();
   const int group = blockIdx.y * blockDim.x + threadIdx.x;
-  if (group >= p.groups) return;
-
   float freq[V];
+  if (blockDim.y == 1) {
+    // One row per block iteration (small batches): nothing to share, so each thread computes its V
+    // frequencies itself, independent fp64 exps in flight together (latency path).
+    if (group >= p.groups) return;
 #pragma unroll
-  for (int i = 0; i < V; ++i) freq[i] = s_freq[threadIdx.x * V + i];
+    for (int i = 0; i < V; ++i) freq[i] = column_freq(group * V + i, p.neg_log_max_period, p.denominator);
+  } else {
+    // The block's columns once into shared memory, then V of them into registers per thread.
+    const int chunk_col = blockIdx.y * blockDim.x * V;
+    const int chunk_cols = min(static_cast<int>(blockDim.x) * V, p.half - chunk_col);
+    const int threads = blockDim.x * blockDim.y;
+    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < chunk_cols; i += threads) {
+      s_freq[i] = column_freq(chunk_col + i, p.neg_log_max_period, p.denominator);
+    }
+    __syncthreads();
+    if (group >= p.groups) return;
+#pragma unroll
+    for (int i = 0; i < V; ++i) freq[i] = s_freq[threadIdx.x * V + i];
+  }
   TOut* sin_col = out + (p.flip ? p.half : 0) + group * V;
   TOut* cos_col = out + (p.flip ? 0 : p.half) + group * V;
 
@@ -203,7 +211,7 @@ void launch(const Params& p, bool rows_kernel, DLDevice device) {
     const int ty = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kRowsBlockThreads / tx, rows_per_sm)));
     // Persistent-style grid: at most one wave of resident blocks, rows split evenly between them.
     constexpr auto kernel = timestep_embedding_rows_kernel<TIn, TOut, V>;
-    const size_t smem = static_cast<size_t>(tx) * V * sizeof(float);
+    const size_t smem = ty > 1 ? static_cast<size_t>(tx) * V * sizeof(float) : 0;
     const int resident = std::max(1, blocks_per_sm<kernel>(tx * ty, smem) * sms / chunks);
     const int64_t row_blocks = div_ceil<int64_t>(p.rows, ty);
     const int64_t iters = div_ceil<int64_t>(row_blocks, resident);
