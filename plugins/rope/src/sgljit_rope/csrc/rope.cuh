@@ -1,0 +1,436 @@
+// Rotary position embedding (neox and gptj styles, partial rotary), in place on q and k, and a
+// variant that also stores the rotated k and v into a paged KV cache.
+//
+// Work decomposition. A *lane group* of kLanes = (ROT / 2) / VEC threads owns one head: lane l
+// holds the VEC rotary pairs [l*VEC, l*VEC + VEC) — two 16-byte vectors of the head (neox: at
+// l*VEC and ROT/2 + l*VEC; gptj: the 2*VEC contiguous elements at 2*l*VEC) and the matching VEC
+// cos and VEC sin values. A *work item* is (token, chunk of up to kHeads heads of one tensor):
+// the group loads all its heads' vectors first (kHeads * 2 independent 16-byte loads in flight per
+// thread), reads the token's position and its cos/sin once, then rotates and stores every head.
+// q and k chunks (and, for the KV variant, k-store and v-copy chunks) are items of one launch.
+// The grid is persistent: at most as many blocks as fit on the GPU at once, striding over items.
+//
+// Out-of-range indices never touch memory out of bounds: a position outside [0, max_pos) leaves
+// the token unrotated; an out_loc outside [0, num_slots) skips the token's cache store.
+#pragma once
+
+#include <sgljit/cuda.cuh>
+#include <sgljit/tensor.h>
+#include <sgljit/type.cuh>
+#include <sgljit/utils.h>
+#include <sgljit/vec.cuh>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace sgljit_rope {
+
+using namespace sgljit;
+
+inline constexpr int kBlockTarget = 256;  // threads per block (rounded down to whole lane groups)
+
+template <int ROT, int VEC>
+struct Geometry {
+  static_assert(ROT % 2 == 0 && (ROT / 2) % VEC == 0, "rotary_dim / 2 must be a multiple of VEC");
+  static constexpr int kHalf = ROT / 2;
+  static constexpr int kLanes = kHalf / VEC;
+  static constexpr int kGroups = kLanes >= kBlockTarget ? 1 : kBlockTarget / kLanes;
+  static constexpr int kBlock = kLanes * kGroups;
+  // cos/sin are fp32: loaded in chunks of at most 4 floats (16 bytes).
+  static constexpr int kCosVec = VEC < 4 ? VEC : 4;
+  // Heads per work item: kHeads * 2 vectors of loads in flight per thread, within the budget below.
+  static constexpr int kHeads = VEC >= 8 ? 2 : 4;
+  // Blocks per SM the register budget must allow: 64 registers per thread (half occupancy is
+  // plenty: every thread keeps kHeads * 2 16-byte loads in flight).
+  static constexpr int kMinBlocks = 2048 / 2 / kBlock > 0 ? 2048 / 2 / kBlock : 1;
+  // The KV kernel (three kinds of item: q, k + store, v copy) needs ~80: 3/8 occupancy.
+  static constexpr int kMinBlocksKV = 768 / kBlock > 0 ? 768 / kBlock : 1;
+};
+
+struct RopeParams {
+  int64_t num_items;     // num_tokens * chunks_per_token
+  int32_t chunks;        // chunks per token
+  int32_t q_chunks;      // chunks of q heads (the first chunks of a token)
+  int32_t k_chunks;      // chunks of k heads (next); the KV variant adds k_chunks v chunks
+  int32_t q_heads, k_heads;
+  int64_t q_stride_t, q_stride_h;
+  int64_t k_stride_t, k_stride_h;
+  int64_t v_stride_t, v_stride_h;
+  int64_t kc_stride_s, kc_stride_h;  // k_cache slot / head strides
+  int64_t vc_stride_s, vc_stride_h;  // v_cache slot / head strides
+  int64_t cache_stride;              // cos_sin_cache row stride
+  int64_t max_pos;
+  int64_t num_slots;
+};
+
+template <int ROT, bool NEOX, int VEC>
+SGLJIT_DEVICE int first_offset(int lane) {
+  return NEOX ? lane * VEC : lane * 2 * VEC;
+}
+template <int ROT, bool NEOX, int VEC>
+SGLJIT_DEVICE int second_offset(int lane) {
+  return NEOX ? ROT / 2 + lane * VEC : lane * 2 * VEC + VEC;
+}
+
+// Rotates the lane's VEC pairs held in (a, b) by cos c[] / sin s[] (fp32 math).
+template <typename T, bool NEOX, int VEC>
+SGLJIT_DEVICE void rotate(AlignedVector<T, VEC>& a, AlignedVector<T, VEC>& b, const float* c, const float* s) {
+  float x[2 * VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    x[i] = to_float(a[i]);
+    x[VEC + i] = to_float(b[i]);
+  }
+  float y[2 * VEC];
+#pragma unroll
+  for (int p = 0; p < VEC; ++p) {
+    // neox: pair p is (a[p], b[p]); gptj: pair p is elements (2p, 2p + 1) of a ++ b.
+    const int i1 = NEOX ? p : 2 * p;
+    const int i2 = NEOX ? VEC + p : 2 * p + 1;
+    y[i1] = x[i1] * c[p] - x[i2] * s[p];
+    y[i2] = x[i2] * c[p] + x[i1] * s[p];
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    a[i] = from_float<T>(y[i]);
+    b[i] = from_float<T>(y[VEC + i]);
+  }
+}
+
+template <int ROT, int VEC>
+SGLJIT_DEVICE void load_cos_sin(const float* __restrict__ row, int lane, float* c, float* s) {
+  using G = Geometry<ROT, VEC>;
+#pragma unroll
+  for (int i = 0; i < VEC; i += G::kCosVec) {
+    AlignedVector<float, G::kCosVec> cv, sv;
+    cv.load(row + lane * VEC + i);
+    sv.load(row + G::kHalf + lane * VEC + i);
+#pragma unroll
+    for (int j = 0; j < G::kCosVec; ++j) {
+      c[i + j] = cv[j];
+      s[i + j] = sv[j];
+    }
+  }
+}
+
+template <typename IdxT>
+SGLJIT_DEVICE bool in_range(IdxT v, int64_t n) {
+  return static_cast<int64_t>(v) >= 0 && static_cast<int64_t>(v) < n;
+}
+
+// Loads the rotary part of `nheads` (<= HEADS) heads from src, rotates it by cos/sin `row` (no
+// rotation when row is null), stores it to dst (which may be src). All loads are issued first.
+template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
+SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
+                              const float* __restrict__ row) {
+  using Vec = AlignedVector<T, VEC>;
+  const int off1 = first_offset<ROT, NEOX, VEC>(lane);
+  const int off2 = second_offset<ROT, NEOX, VEC>(lane);
+  Vec a[HEADS], b[HEADS];
+#pragma unroll
+  for (int h = 0; h < HEADS; ++h) {
+    if (h < nheads) {
+      a[h].load(src + h * src_hs + off1);
+      b[h].load(src + h * src_hs + off2);
+    }
+  }
+  if (row != nullptr) {
+    float c[VEC], s[VEC];
+    load_cos_sin<ROT, VEC>(row, lane, c, s);
+#pragma unroll
+    for (int h = 0; h < HEADS; ++h) {
+      if (h < nheads) rotate<T, NEOX, VEC>(a[h], b[h], c, s);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < HEADS; ++h) {
+    if (h < nheads) {
+      a[h].store(dst + h * dst_hs + off1);
+      b[h].store(dst + h * dst_hs + off2);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// apply_rope: q and k rotated in place.
+template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
+__global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>::kMinBlocks)
+    rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
+                const IdxT* __restrict__ positions, const RopeParams p) {
+  using G = Geometry<ROT, VEC>;
+  const int lane = threadIdx.x % G::kLanes;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * G::kGroups;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * G::kGroups + threadIdx.x / G::kLanes; item < p.num_items;
+       item += stride) {
+    const int64_t t = item / p.chunks;
+    const int chunk = static_cast<int>(item - t * p.chunks);
+    const bool is_q = chunk < p.q_chunks;
+    const int h0 = (is_q ? chunk : chunk - p.q_chunks) * G::kHeads;
+    const int nheads = min(G::kHeads, (is_q ? p.q_heads : p.k_heads) - h0);
+    const int64_t hs = is_q ? p.q_stride_h : p.k_stride_h;
+    T* base = is_q ? q + t * p.q_stride_t + h0 * hs : k + t * p.k_stride_t + h0 * hs;
+
+    const IdxT pos = positions[t];
+    if (!in_range(pos, p.max_pos)) continue;  // out of range: leave the token unrotated
+    rope_heads<T, ROT, NEOX, VEC, G::kHeads>(base, hs, base, hs, nheads, lane,
+                                             cos_sin + static_cast<int64_t>(pos) * p.cache_stride);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// apply_rope_with_kv_cache: q rotated in place; rotated k and v stored at k_cache[out_loc[t]],
+// v_cache[out_loc[t]]; k and v are only read.
+
+// Copies elements [FROM, HEAD_DIM) of `nheads` heads, VEC at a time, spread over the lane group;
+// (head, vector) pairs go in batches of 4 loads then 4 stores (bounded registers, loads in flight).
+template <typename T, int HEAD_DIM, int FROM, int LANES, int VEC, int HEADS>
+SGLJIT_DEVICE void copy_heads(const T* __restrict__ src, int64_t src_hs, T* __restrict__ dst, int64_t dst_hs,
+                              int nheads, int lane) {
+  constexpr int kVecs = (HEAD_DIM - FROM) / VEC;
+  if constexpr (kVecs > 0) {
+    constexpr int kPerLane = (kVecs + LANES - 1) / LANES;
+    constexpr int kTotal = HEADS * kPerLane;
+    constexpr int kBatch = 4;
+    using Vec = AlignedVector<T, VEC>;
+#pragma unroll
+    for (int f0 = 0; f0 < kTotal; f0 += kBatch) {
+      Vec buf[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int f = f0 + i, h = f / kPerLane, v = lane + (f % kPerLane) * LANES;
+        if (f < kTotal && h < nheads && (kVecs % LANES == 0 || v < kVecs)) {
+          buf[i].load(src + h * src_hs + FROM + v * VEC);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int f = f0 + i, h = f / kPerLane, v = lane + (f % kPerLane) * LANES;
+        if (f < kTotal && h < nheads && (kVecs % LANES == 0 || v < kVecs)) {
+          buf[i].store(dst + h * dst_hs + FROM + v * VEC);
+        }
+      }
+    }
+  }
+}
+
+// The three kinds of work item of the KV kernel.
+template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
+SGLJIT_DEVICE void kv_q_item(T* base, int64_t hs, int nheads, int lane, const float* row) {
+  rope_heads<T, ROT, NEOX, VEC, HEADS>(base, hs, base, hs, nheads, lane, row);
+}
+
+template <typename T, int HEAD_DIM, int ROT, bool NEOX, int VEC, int HEADS>
+SGLJIT_DEVICE void kv_k_item(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
+                                       const float* row) {
+  rope_heads<T, ROT, NEOX, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane, row);
+  copy_heads<T, HEAD_DIM, ROT, ROT / 2 / VEC, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane);
+}
+
+template <typename T, int HEAD_DIM, int LANES, int VEC, int HEADS>
+SGLJIT_DEVICE void kv_v_item(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane) {
+  copy_heads<T, HEAD_DIM, 0, LANES, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane);
+}
+
+template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
+__global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>::kMinBlocksKV)
+    rope_kv_kernel(T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
+                   T* __restrict__ v_cache, const float* __restrict__ cos_sin, const IdxT* __restrict__ positions,
+                   const LocT* __restrict__ out_loc, const RopeParams p) {
+  using G = Geometry<ROT, VEC>;
+  const int lane = threadIdx.x % G::kLanes;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * G::kGroups;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * G::kGroups + threadIdx.x / G::kLanes; item < p.num_items;
+       item += stride) {
+    const int64_t t = item / p.chunks;
+    const int chunk = static_cast<int>(item - t * p.chunks);
+    const IdxT pos = positions[t];
+    const float* row = in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
+    if (chunk < p.q_chunks) {  // q: rotate in place (out-of-range position: untouched)
+      const int h0 = chunk * G::kHeads;
+      if (row != nullptr) {
+        kv_q_item<T, ROT, NEOX, VEC, G::kHeads>(q + t * p.q_stride_t + h0 * p.q_stride_h, p.q_stride_h,
+                                                min(G::kHeads, p.q_heads - h0), lane, row);
+      }
+      continue;
+    }
+    const LocT loc = out_loc[t];
+    if (!in_range(loc, p.num_slots)) continue;  // out of range: no store for this token
+    const int64_t slot = static_cast<int64_t>(loc);
+    if (chunk < p.q_chunks + p.k_chunks) {  // k: rotated into k_cache (unrotated if no row)
+      const int h0 = (chunk - p.q_chunks) * G::kHeads;
+      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, G::kHeads>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
+                                                        k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h,
+                                                        p.kc_stride_h, min(G::kHeads, p.k_heads - h0), lane, row);
+    } else {  // v: copied into v_cache
+      const int h0 = (chunk - p.q_chunks - p.k_chunks) * G::kHeads;
+      kv_v_item<T, HEAD_DIM, G::kLanes, VEC, G::kHeads>(v + t * p.v_stride_t + h0 * p.v_stride_h, p.v_stride_h,
+                                                        v_cache + slot * p.vc_stride_s + h0 * p.vc_stride_h,
+                                                        p.vc_stride_h, min(G::kHeads, p.k_heads - h0), lane);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side.
+
+// Persistent grid: enough blocks for the work, at most as many as are resident at once.
+template <auto Kernel>
+inline int grid_size(int block, int64_t num_items, int groups, int device_id) {
+  static const int blocks_per_sm = [block] {
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0), "cudaOccupancyMaxActiveBlocks");
+    return std::max(n, 1);
+  }();
+  const int64_t needed = div_ceil<int64_t>(num_items, groups);
+  const int64_t resident = static_cast<int64_t>(num_sms(device_id)) * blocks_per_sm;
+  return static_cast<int>(std::min(needed, resident));
+}
+
+inline void check_aligned(const TensorView& t, int vec_bytes, const char* name) {
+  RuntimeCheck(reinterpret_cast<uintptr_t>(t.data_ptr()) % vec_bytes == 0, name, ": data pointer must be aligned to ",
+               vec_bytes, " bytes for this specialization");
+}
+
+inline void check_stride(int64_t stride, int64_t size, int vec, const char* what) {
+  RuntimeCheck(size <= 1 || stride % vec == 0, what, " (", stride, ") must be a multiple of ", vec,
+               " for this specialization");
+}
+
+template <typename IdxT>
+inline void verify_positions(const TensorView& positions, SymbolicSize& T_, SymbolicDevice& dev) {
+  auto it = SymbolicDType::of<IdxT>();
+  TensorMatcher({T_}).with_strides({1}).with_dtype(it).with_device(dev).verify(positions, "positions");
+}
+
+template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
+struct RopeKernel {
+  using G = Geometry<ROT, VEC>;
+
+  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions) {
+    SymbolicSize T_{"num_tokens"}, Hq{"num_q_heads"}, Hk{"num_k_heads"}, D{"head_dim"};
+    SymbolicSize qst{"q_token_stride"}, qsh{"q_head_stride"}, kst{"k_token_stride"}, ksh{"k_head_stride"};
+    SymbolicSize P{"max_position"}, cs{"cache_row_stride"};
+    SymbolicDevice dev;
+    auto dt = SymbolicDType::of<T>();
+    auto ft = SymbolicDType::of<float>();
+    TensorMatcher({T_, Hq, D}).with_strides({qst, qsh, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(q, "q");
+    TensorMatcher({T_, Hk, D}).with_strides({kst, ksh, 1}).with_dtype(dt).with_device(dev).verify(k, "k");
+    TensorMatcher({P, ROT}).with_strides({cs, 1}).with_dtype(ft).with_device(dev).verify(cos_sin_cache,
+                                                                                        "cos_sin_cache");
+    verify_positions<IdxT>(positions, T_, dev);
+    RuntimeCheck(ROT <= D.value(), "rotary_dim (", ROT, ") must not exceed head_dim (", D.value(), ")");
+    const int64_t n = T_.value();
+    check_aligned(q, VEC * sizeof(T), "q");
+    check_aligned(k, VEC * sizeof(T), "k");
+    check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
+    check_stride(q.stride(0), n, VEC, "q token stride");
+    check_stride(q.stride(1), Hq.value(), VEC, "q head stride");
+    check_stride(k.stride(0), n, VEC, "k token stride");
+    check_stride(k.stride(1), Hk.value(), VEC, "k head stride");
+    check_stride(cos_sin_cache.stride(0), P.value(), G::kCosVec, "cos_sin_cache row stride");
+
+    RopeParams p{};
+    p.q_heads = static_cast<int32_t>(Hq.value());
+    p.k_heads = static_cast<int32_t>(Hk.value());
+    p.q_chunks = div_ceil(p.q_heads, G::kHeads);
+    p.k_chunks = div_ceil(p.k_heads, G::kHeads);
+    p.chunks = p.q_chunks + p.k_chunks;
+    p.num_items = n * p.chunks;
+    p.q_stride_t = q.stride(0);
+    p.q_stride_h = q.stride(1);
+    p.k_stride_t = k.stride(0);
+    p.k_stride_h = k.stride(1);
+    p.cache_stride = cos_sin_cache.stride(0);
+    p.max_pos = P.value();
+    if (p.num_items == 0) return;
+    const DLDevice device = dev.value();
+    constexpr auto kernel = rope_kernel<T, IdxT, ROT, NEOX, VEC>;
+    const int grid = grid_size<kernel>(G::kBlock, p.num_items, G::kGroups, device.device_id);
+    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kernel")(
+        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
+        static_cast<const IdxT*>(positions.data_ptr()), p);
+  }
+};
+
+template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
+struct RopeKVKernel {
+  using G = Geometry<ROT, VEC>;
+  static_assert(HEAD_DIM % VEC == 0 && ROT <= HEAD_DIM, "bad head_dim for this specialization");
+
+  static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
+                  TensorView cos_sin_cache, TensorView positions, TensorView out_loc) {
+    SymbolicSize T_{"num_tokens"}, Hq{"num_q_heads"}, Hk{"num_k_heads"}, S{"num_slots"};
+    SymbolicSize qst{"q_token_stride"}, qsh{"q_head_stride"}, kst{"k_token_stride"}, ksh{"k_head_stride"};
+    SymbolicSize vst{"v_token_stride"}, vsh{"v_head_stride"};
+    SymbolicSize kcs{"k_cache_slot_stride"}, kch{"k_cache_head_stride"};
+    SymbolicSize vcs{"v_cache_slot_stride"}, vch{"v_cache_head_stride"};
+    SymbolicSize P{"max_position"}, cs{"cache_row_stride"};
+    SymbolicDevice dev;
+    auto dt = SymbolicDType::of<T>();
+    auto ft = SymbolicDType::of<float>();
+    auto lt = SymbolicDType::of<LocT>();
+    TensorMatcher({T_, Hq, HEAD_DIM}).with_strides({qst, qsh, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(q,
+                                                                                                                 "q");
+    TensorMatcher({T_, Hk, HEAD_DIM}).with_strides({kst, ksh, 1}).with_dtype(dt).with_device(dev).verify(k, "k");
+    TensorMatcher({T_, Hk, HEAD_DIM}).with_strides({vst, vsh, 1}).with_dtype(dt).with_device(dev).verify(v, "v");
+    TensorMatcher({S, Hk, HEAD_DIM}).with_strides({kcs, kch, 1}).with_dtype(dt).with_device(dev).verify(k_cache,
+                                                                                                       "k_cache");
+    TensorMatcher({S, Hk, HEAD_DIM}).with_strides({vcs, vch, 1}).with_dtype(dt).with_device(dev).verify(v_cache,
+                                                                                                       "v_cache");
+    TensorMatcher({P, ROT}).with_strides({cs, 1}).with_dtype(ft).with_device(dev).verify(cos_sin_cache,
+                                                                                        "cos_sin_cache");
+    verify_positions<IdxT>(positions, T_, dev);
+    TensorMatcher({T_}).with_strides({1}).with_dtype(lt).with_device(dev).verify(out_loc, "out_loc");
+    const int64_t n = T_.value();
+    const int vb = VEC * sizeof(T);
+    check_aligned(q, vb, "q");
+    check_aligned(k, vb, "k");
+    check_aligned(v, vb, "v");
+    check_aligned(k_cache, vb, "k_cache");
+    check_aligned(v_cache, vb, "v_cache");
+    check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
+    check_stride(q.stride(0), n, VEC, "q token stride");
+    check_stride(q.stride(1), Hq.value(), VEC, "q head stride");
+    check_stride(k.stride(0), n, VEC, "k token stride");
+    check_stride(k.stride(1), Hk.value(), VEC, "k head stride");
+    check_stride(v.stride(0), n, VEC, "v token stride");
+    check_stride(v.stride(1), Hk.value(), VEC, "v head stride");
+    check_stride(k_cache.stride(0), S.value(), VEC, "k_cache slot stride");
+    check_stride(k_cache.stride(1), Hk.value(), VEC, "k_cache head stride");
+    check_stride(v_cache.stride(0), S.value(), VEC, "v_cache slot stride");
+    check_stride(v_cache.stride(1), Hk.value(), VEC, "v_cache head stride");
+    check_stride(cos_sin_cache.stride(0), P.value(), G::kCosVec, "cos_sin_cache row stride");
+
+    RopeParams p{};
+    p.q_heads = static_cast<int32_t>(Hq.value());
+    p.k_heads = static_cast<int32_t>(Hk.value());
+    p.q_chunks = div_ceil(p.q_heads, G::kHeads);
+    p.k_chunks = div_ceil(p.k_heads, G::kHeads);
+    p.chunks = p.q_chunks + 2 * p.k_chunks;
+    p.num_items = n * p.chunks;
+    p.q_stride_t = q.stride(0);
+    p.q_stride_h = q.stride(1);
+    p.k_stride_t = k.stride(0);
+    p.k_stride_h = k.stride(1);
+    p.v_stride_t = v.stride(0);
+    p.v_stride_h = v.stride(1);
+    p.kc_stride_s = k_cache.stride(0);
+    p.kc_stride_h = k_cache.stride(1);
+    p.vc_stride_s = v_cache.stride(0);
+    p.vc_stride_h = v_cache.stride(1);
+    p.cache_stride = cos_sin_cache.stride(0);
+    p.max_pos = P.value();
+    p.num_slots = S.value();
+    if (p.num_items == 0) return;
+    const DLDevice device = dev.value();
+    constexpr auto kernel = rope_kv_kernel<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC>;
+    const int grid = grid_size<kernel>(G::kBlock, p.num_items, G::kGroups, device.device_id);
+    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kv_kernel")(
+        static_cast<T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
+        static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
+        static_cast<const float*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
+        static_cast<const LocT*>(out_loc.data_ptr()), p);
+  }
+};
+
+}  // namespace sgljit_rope

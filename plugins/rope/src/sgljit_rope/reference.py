@@ -1,0 +1,98 @@
+"""PyTorch implementation of the rope ops: the CPU path and the oracle the kernels are tested against.
+
+Math is done in float32 (the kernels' precision); results are rounded once to the tensors' dtype.
+Out-of-range indices behave exactly as in the kernels: a position outside ``[0, max_pos)`` leaves its
+token unrotated, an ``out_loc`` outside ``[0, num_slots)`` stores nothing for its token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["apply_rope_into", "apply_rope_with_kv_cache_into", "rope_torch"]
+
+
+def _gather_cos_sin(
+    cos_sin_cache: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cos [T, 1, r/2], sin [T, 1, r/2], valid [T, 1, 1]) for each token's position."""
+    max_pos, rot = cos_sin_cache.shape
+    valid = (positions >= 0) & (positions < max_pos)
+    idx = positions.long().clamp(0, max(max_pos - 1, 0))
+    rows = cos_sin_cache.index_select(0, idx).float()
+    cos, sin = rows[:, : rot // 2], rows[:, rot // 2 :]
+    return cos.unsqueeze(1), sin.unsqueeze(1), valid.view(-1, 1, 1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    """Rotate the pairs of fp32 ``x`` [T, H, r]: neox pairs (i, i + r/2), gptj pairs (2i, 2i + 1)."""
+    if is_neox:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def _rope_one(x, cos, sin, valid, rot, is_neox) -> torch.Tensor:
+    """The rotated first ``rot`` dims of ``x`` [T, H, D], in x's dtype (unrotated where not valid)."""
+    xr = x[..., :rot].float()
+    return torch.where(valid, _rotate(xr, cos, sin, is_neox), xr).to(x.dtype)
+
+
+def rope_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out-of-place rope on q [T, Hq, D], k [T, Hk, D]: returns new (q, k)."""
+    rot = cos_sin_cache.shape[1]
+    cos, sin, valid = _gather_cos_sin(cos_sin_cache, positions)
+    out = []
+    for x in (q, k):
+        y = _rope_one(x, cos, sin, valid, rot, is_neox)
+        if rot < x.shape[-1]:
+            y = torch.cat((y, x[..., rot:]), dim=-1)
+        out.append(y)
+    return out[0], out[1]
+
+
+def apply_rope_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """In place on q [T, Hq, D] and k [T, Hk, D] (views allowed)."""
+    rot = cos_sin_cache.shape[1]
+    cos, sin, valid = _gather_cos_sin(cos_sin_cache, positions)
+    for x in (q, k):
+        x[..., :rot].copy_(_rope_one(x, cos, sin, valid, rot, is_neox))
+
+
+def apply_rope_with_kv_cache_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """q rotated in place; rotated k and v stored at ``k_cache[out_loc]``, ``v_cache[out_loc]``;
+    k and v are not modified."""
+    rot = cos_sin_cache.shape[1]
+    cos, sin, valid = _gather_cos_sin(cos_sin_cache, positions)
+    q[..., :rot].copy_(_rope_one(q, cos, sin, valid, rot, is_neox))
+    k_rot = _rope_one(k, cos, sin, valid, rot, is_neox)
+    store = (out_loc >= 0) & (out_loc < k_cache.shape[0])
+    loc = out_loc[store].long()
+    k_cache[loc, :, :rot] = k_rot[store]
+    if rot < k.shape[-1]:
+        k_cache[loc, :, rot:] = k[store][..., rot:]
+    v_cache[loc] = v[store]
