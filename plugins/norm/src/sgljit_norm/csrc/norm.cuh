@@ -1,0 +1,526 @@
+// RMSNorm family: rmsnorm, fused_add_rmsnorm, their Gemma forms (weight 1 + w), qknorm (per head) and
+// qknorm_across_heads (per row of q and of k), in one kernel template.
+//
+//   y = x * rsqrt(mean(x^2) + eps) * w       computed in fp32, cast once to the element type
+//
+// Fast path (the row width H is a template argument, H a whole number of 16-byte vectors, at most 4096
+// of them; 16-byte aligned rows):
+//  * a row is spread over kThreads threads ("a row group"), each holding about 4 (fused add: 2)
+//    16-byte vectors of the row in registers, so x is read from memory once; up to 128 (64) vectors
+//    per row the group is a (sub-)warp and the reduction is shuffles only, beyond it is a multi-warp
+//    group reduced through double-buffered shared memory (one barrier per row);
+//  * the grid is persistent: one wave of blocks (SM count x resident blocks), grid-striding over rows;
+//    the weight is loaded once per thread and the next row is prefetched into registers while the
+//    current one is reduced and written (at most 64 registers a thread: no spills, >= 50% occupancy);
+//  * loads are streaming (no L1 allocation, 256-byte L2 prefetch), stores are plain (the next layer reads
+//    the output soon).
+// A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
+// rest on set b, each share sized by its number of rows.
+//
+// Generic path (any H, any alignment): one block per row, scalar accesses, two passes over the row
+// (the second pass re-reads the row, from L1/L2). Used when the fast path's conditions do not hold.
+#pragma once
+
+#include <sgljit/cuda.cuh>
+#include <sgljit/reduce.cuh>
+#include <sgljit/tensor.h>
+#include <sgljit/type.cuh>
+#include <sgljit/utils.h>
+#include <sgljit/vec.cuh>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace sgljit_norm {
+
+using sgljit::AlignedVector;
+using sgljit::div_ceil;
+using sgljit::from_float;
+using sgljit::to_float;
+
+// ------------------------------------------------------------------------------------------------
+// Configuration
+// ------------------------------------------------------------------------------------------------
+constexpr int pow2_ceil(int x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// Largest number of 16-byte vectors per row on the fast path (1024 threads x 4 vectors): bf16/fp16
+// rows up to 32768 elements, fp32 rows up to 16384.
+inline constexpr int kMaxVecsPerRow = 4096;
+
+// How a row of kH elements of T is spread over threads. kStreams: rows read per row (2 for the fused
+// add: input and residual), which halves the vectors a thread holds.
+template <typename T, int kH, int kStreams = 1>
+struct RowConfig {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+  static constexpr int kNumVec = kH / kVec;                        // vectors per row
+  static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= kMaxVecsPerRow;
+  static constexpr int kTarget = 4 / kStreams;  // vectors per thread we aim for
+  // Up to 32 * kTarget vectors (bf16 H <= 1024 for rmsnorm): a power-of-two sub-warp.
+  // Beyond: a power-of-two multi-warp group of 64..1024 threads.
+  static constexpr int kThreads =
+      !kValid                       ? 1
+      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(kNumVec))
+                                    : std::clamp(pow2_ceil(div_ceil(kNumVec, kTarget)), 64, 1024);
+  static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
+  // Within the target a thread keeps the weight in registers and prefetches its next row; wider rows
+  // (only where 1024 threads are not enough) read the weight from L1 and do not prefetch, so that
+  // they stay within 64 registers without spilling.
+  static constexpr bool kPrefetch = kVecsPerThread <= kTarget;
+};
+
+template <typename T, int kHA, int kHB, int kStreams>
+inline constexpr int kBlockThreads = std::max({256, RowConfig<T, kHA, kStreams>::kThreads,
+                                               kHB > 0 ? RowConfig<T, kHB, kStreams>::kThreads : 1});
+
+inline constexpr int kGenericThreads = 256;
+
+// A set of rows: row r is at outer index r / inner and inner index r % inner (inner = heads for
+// qknorm, 1 otherwise); strides in elements. In-place ops pass out == in.
+template <typename T>
+struct RowSet {
+  const T* in;
+  T* out;
+  T* res;  // fused add: the residual (read, then overwritten with in + res); unused otherwise
+  const T* weight;
+  int64_t rows, inner;
+  int64_t in_s0, in_s1, out_s0, out_s1, res_s0, res_s1;
+};
+
+struct RowOffsets {
+  int64_t in, out, res;
+};
+
+template <typename T>
+SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T>& s, int64_t row) {
+  int64_t o = row, i = 0;
+  if (s.inner != 1) {
+    o = row / s.inner;
+    i = row - o * s.inner;
+  }
+  return {o * s.in_s0 + i * s.in_s1, o * s.out_s0 + i * s.out_s1, o * s.res_s0 + i * s.res_s1};
+}
+
+// 16-byte streaming load: bypass L1 (each byte is read once), ask L2 to fetch 256-byte sectors.
+template <typename V>
+SGLJIT_DEVICE void load_stream(V& v, const void* ptr) {
+  static_assert(sizeof(V) == 16, "load_stream moves 16 bytes");
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr));
+  memcpy(&v, &r, sizeof(V));
+}
+
+// Sum over a row group of kThreads threads (all threads of the block call it, every iteration).
+template <int kThreads, int kBlock>
+SGLJIT_DEVICE float group_sum(float v, float* red) {
+  if constexpr (kThreads <= 32) {
+    return sgljit::warp_reduce_sum<kThreads>(v);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = sgljit::warp_reduce_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    // red is double-buffered by the caller, so no second barrier is needed before it is rewritten.
+    v = lane < kWarps ? red[(warp / kWarps) * kWarps + lane] : 0.0f;
+    return sgljit::warp_reduce_sum(v);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fast path
+// ------------------------------------------------------------------------------------------------
+template <typename T, int kH, int kBlock, bool kGemma, bool kFused>
+SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, float eps, float* red) {
+  using Cfg = RowConfig<T, kH, kFused ? 2 : 1>;
+  static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
+  constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
+  constexpr bool kPrefetch = Cfg::kPrefetch;
+  constexpr int kRowsPerBlock = kBlock / kTPR;
+  static_assert(kBlock % kTPR == 0, "a block holds whole row groups");
+  constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
+  constexpr int kRedSlots = kBlock / 32;
+  using V = AlignedVector<T, kVec>;
+
+  const int sub = threadIdx.x / kTPR, lane = threadIdx.x % kTPR;
+  const int64_t groups = div_ceil<int64_t>(s.rows, kRowsPerBlock);
+  if (first >= groups) return;  // the same for the whole block
+
+  // Vector j of this thread is vector j * kTPR + lane of the row: consecutive lanes, consecutive 16 bytes.
+  auto has = [lane](int j) { return kExact || j * kTPR + lane < kNumVec; };
+  auto col = [lane](int j) { return (j * kTPR + lane) * kVec; };
+
+  V w[kPrefetch ? kVPT : 1];
+  if constexpr (kPrefetch) {
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) {
+      if (has(j)) w[j].load(s.weight + col(j));
+    }
+  }
+
+  V x[kVPT], r[kVPT];
+  auto load_row = [&](const RowOffsets& o, V* xv, V* rv) {
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) {
+      if (has(j)) {
+        load_stream(xv[j], s.in + o.in + col(j));
+        if constexpr (kFused) load_stream(rv[j], s.res + o.res + col(j));
+      }
+    }
+  };
+
+  int64_t g = first;
+  int64_t row = g * kRowsPerBlock + sub;
+  bool valid = row < s.rows;
+  RowOffsets off{0, 0, 0};
+  if (kPrefetch && valid) {
+    off = row_offsets(s, row);
+    load_row(off, x, r);
+  }
+
+  int parity = 0;
+  for (; g < groups; g += step) {
+    const int64_t g_next = g + step;
+    const int64_t row_next = g_next * kRowsPerBlock + sub;
+    const bool valid_next = g_next < groups && row_next < s.rows;
+    RowOffsets off_next{0, 0, 0};
+    V xn[kPrefetch ? kVPT : 1], rn[kPrefetch && kFused ? kVPT : 1];
+    if constexpr (kPrefetch) {
+      // The next row of this thread's group is in flight while the current one is finished.
+      if (valid_next) {
+        off_next = row_offsets(s, row_next);
+        load_row(off_next, xn, rn);
+      }
+    } else {
+      if (valid) {
+        off = row_offsets(s, row);
+        load_row(off, x, r);
+      }
+    }
+
+    float ss = 0.0f;
+    if (valid) {
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        if (has(j)) {
+          if constexpr (kFused) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) x[j][e] = from_float<T>(to_float(x[j][e]) + to_float(r[j][e]));
+            x[j].store(s.res + off.res + col(j));
+          }
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            const float f = to_float(x[j][e]);
+            ss += f * f;
+          }
+        }
+      }
+    }
+    ss = group_sum<kTPR, kBlock>(ss, red + parity * kRedSlots);
+    parity ^= 1;
+    const float inv_rms = rsqrtf(ss / static_cast<float>(kH) + eps);
+    if (valid) {
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        if (has(j)) {
+          V wv;
+          if constexpr (kPrefetch) {
+            wv = w[j];
+          } else {
+            wv.load(s.weight + col(j));
+          }
+          V y;
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            float wf = to_float(wv[e]);
+            if constexpr (kGemma) wf += 1.0f;
+            y[e] = from_float<T>(to_float(x[j][e]) * inv_rms * wf);
+          }
+          y.store(s.out + off.out + col(j));
+        }
+      }
+    }
+
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        x[j] = xn[j];
+        if constexpr (kFused) r[j] = rn[j];
+      }
+      off = off_next;
+    } else {
+      row = row_next;
+    }
+    valid = valid_next;
+  }
+}
+
+template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB>
+__global__ void __launch_bounds__(kBlock, kHB > 0 ? 1 : 1024 / kBlock)
+    norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps) {
+  __shared__ float red[2 * (kBlock / 32)];
+  if (static_cast<int>(blockIdx.x) < grid_a) {
+    norm_rows<T, kHA, kBlock, kGemma, kFused>(a, blockIdx.x, grid_a, eps, red);
+  } else {
+    if constexpr (kHB > 0) {
+      norm_rows<T, kHB, kBlock, kGemma, kFused>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Generic path: any width, any alignment
+// ------------------------------------------------------------------------------------------------
+template <typename T, bool kGemma, bool kFused>
+SGLJIT_DEVICE void norm_rows_generic(const RowSet<T>& s, int64_t h, int64_t first, int64_t step, float eps,
+                                     float* red) {
+  for (int64_t row = first; row < s.rows; row += step) {
+    const RowOffsets off = row_offsets(s, row);
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+      float v = to_float(s.in[off.in + c]);
+      if constexpr (kFused) {
+        const T sum = from_float<T>(v + to_float(s.res[off.res + c]));
+        s.res[off.res + c] = sum;
+        v = to_float(sum);
+      }
+      ss += v * v;
+    }
+    ss = sgljit::block_reduce_sum(ss, red);
+    const float inv_rms = rsqrtf(ss / static_cast<float>(h) + eps);
+    // The second pass reads what this same thread read (or, fused, wrote) in the first.
+    const T* src = kFused ? s.res + off.res : s.in + off.in;
+    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+      float wf = to_float(s.weight[c]);
+      if constexpr (kGemma) wf += 1.0f;
+      s.out[off.out + c] = from_float<T>(to_float(src[c]) * inv_rms * wf);
+    }
+  }
+}
+
+template <typename T, bool kGemma, bool kFused>
+__global__ void __launch_bounds__(kGenericThreads)
+    norm_generic_kernel(const RowSet<T> a, const int64_t ha, const RowSet<T> b, const int64_t hb,
+                        const int grid_a, const float eps) {
+  __shared__ float red[32];
+  if (static_cast<int>(blockIdx.x) < grid_a) {
+    norm_rows_generic<T, kGemma, kFused>(a, ha, blockIdx.x, grid_a, eps, red);
+  } else {
+    norm_rows_generic<T, kGemma, kFused>(b, hb, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------------
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T>
+bool fast_layout(const RowSet<T>& s, bool fused) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  bool ok = aligned16(s.in) && aligned16(s.out) && aligned16(s.weight);
+  ok = ok && s.in_s0 % kVec == 0 && s.in_s1 % kVec == 0 && s.out_s0 % kVec == 0 && s.out_s1 % kVec == 0;
+  if (fused) ok = ok && aligned16(s.res) && s.res_s0 % kVec == 0 && s.res_s1 % kVec == 0;
+  return ok;
+}
+
+// Splits `grid` blocks between two sets of ga and gb row groups (gb == 0: one set).
+inline void split_grid(int64_t ga, int64_t gb, int64_t cap, int* grid_a, int* grid) {
+  if (gb == 0) {
+    *grid_a = static_cast<int>(std::min(ga, cap));
+    *grid = *grid_a;
+    return;
+  }
+  const int64_t total = std::min(ga + gb, std::max<int64_t>(cap, 2));
+  int64_t a = std::clamp<int64_t>((total * ga + (ga + gb) / 2) / (ga + gb), 1, ga);
+  int64_t b = std::clamp<int64_t>(total - a, 1, gb);
+  *grid_a = static_cast<int>(a);
+  *grid = static_cast<int>(a + b);
+}
+
+// Launches the norm over set a (width ha) and, if has_b, set b (width hb). kHA/kHB: the compiled widths
+// (0: generic only). Falls back to the generic kernel when a row is not 16-byte aligned.
+template <typename T, int kHA, int kHB, bool kGemma, bool kFused>
+void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb, bool has_b, float eps,
+                 DLDevice device, const char* name) {
+  const bool fast = kHA > 0 && (!has_b || kHB > 0) && fast_layout(a, kFused) && (!has_b || fast_layout(b, kFused));
+  const int sms = sgljit::num_sms(device.device_id);
+  if constexpr (kHA > 0) {
+    if (fast) {
+      constexpr int kStreams = kFused ? 2 : 1;
+      constexpr int kBlock = kBlockThreads<T, kHA, kHB, kStreams>;
+      constexpr auto kernel = norm_kernel<T, kBlock, kGemma, kFused, kHA, kHB>;
+      static const int resident = [] {
+        int n = 0;
+        sgljit::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kBlock, 0),
+                           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        return std::max(n, 1);
+      }();
+      const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / RowConfig<T, kHA, kStreams>::kThreads);
+      int64_t gb = 0;
+      if constexpr (kHB > 0) {
+        if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kStreams>::kThreads);
+      }
+      int grid_a = 0, grid = 0;
+      split_grid(ga, gb, static_cast<int64_t>(sms) * resident, &grid_a, &grid);
+      sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name)(a, b, grid_a, eps);
+      return;
+    }
+  }
+  constexpr auto kernel = norm_generic_kernel<T, kGemma, kFused>;
+  static const int resident = [] {
+    int n = 0;
+    sgljit::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kGenericThreads, 0),
+                       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    return std::max(n, 1);
+  }();
+  int grid_a = 0, grid = 0;
+  split_grid(a.rows, has_b ? b.rows : 0, static_cast<int64_t>(sms) * resident, &grid_a, &grid);
+  sgljit::LaunchKernel(kernel, grid, kGenericThreads, 0, device, name)(a, ha, has_b ? b : a, has_b ? hb : ha,
+                                                                        grid_a, eps);
+}
+
+template <typename T>
+RowSet<T> rows_2d(const tvm::ffi::TensorView& in, const tvm::ffi::TensorView& out, const tvm::ffi::TensorView* res,
+                  const tvm::ffi::TensorView& weight) {
+  // The stride of a size-1 dimension is meaningless (and may be anything): make it 0.
+  const int64_t n = in.size(0);
+  auto s0 = [n](const tvm::ffi::TensorView& t) { return n == 1 ? int64_t{0} : t.stride(0); };
+  RowSet<T> s{};
+  s.in = static_cast<const T*>(in.data_ptr());
+  s.out = static_cast<T*>(out.data_ptr());
+  s.res = res ? static_cast<T*>(res->data_ptr()) : nullptr;
+  s.weight = static_cast<const T*>(weight.data_ptr());
+  s.rows = n;
+  s.inner = 1;
+  s.in_s0 = s0(in);
+  s.out_s0 = s0(out);
+  s.res_s0 = res ? s0(*res) : 0;
+  return s;
+}
+
+template <typename T>
+RowSet<T> rows_heads(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& weight) {
+  const int64_t n = x.size(0), heads = x.size(1);
+  RowSet<T> s{};
+  s.in = static_cast<const T*>(x.data_ptr());
+  s.out = static_cast<T*>(x.data_ptr());
+  s.res = nullptr;
+  s.weight = static_cast<const T*>(weight.data_ptr());
+  s.rows = n * heads;
+  s.inner = heads;
+  s.in_s0 = s.out_s0 = n == 1 ? 0 : x.stride(0);
+  s.in_s1 = s.out_s1 = heads == 1 ? 0 : x.stride(1);
+  return s;
+}
+
+template <typename T>
+void check_rows(const tvm::ffi::TensorView& t, const char* name, sgljit::SymbolicSize& rows,
+                sgljit::SymbolicSize& width, sgljit::SymbolicDType& dt, sgljit::SymbolicDevice& dev) {
+  sgljit::TensorMatcher({rows, width})
+      .with_strides({sgljit::kAnySize, 1})
+      .with_dtype(dt)
+      .with_device(kDLCUDA, dev)
+      .verify(t, name);
+}
+
+inline void check_width(int64_t compiled, int64_t actual, const char* name) {
+  sgljit::RuntimeCheck(compiled == 0 || compiled == actual, name, ": this module was compiled for width ", compiled,
+                       ", got ", actual);
+}
+
+// out = rmsnorm(input) * weight (kGemma: * (1 + weight)). input, out: [T, H] with unit last stride.
+template <typename T, int kH, bool kGemma>
+struct RMSNorm {
+  static void run(tvm::ffi::TensorView input, tvm::ffi::TensorView weight, tvm::ffi::TensorView out, double eps) {
+    using namespace sgljit;
+    SymbolicSize N{"num_tokens"}, H{"hidden"};
+    auto dt = SymbolicDType::of<T>();
+    SymbolicDevice dev;
+    check_rows<T>(input, "input", N, H, dt, dev);
+    TensorMatcher({H}).contiguous().with_dtype(dt).with_device(dev).verify(weight, "weight");
+    check_rows<T>(out, "out", N, H, dt, dev);
+    check_width(kH, H.value(), "input");
+    if (N.value() == 0) return;
+    const RowSet<T> a = rows_2d<T>(input, out, nullptr, weight);
+    launch_norm<T, kH, 0, kGemma, false>(a, H.value(), a, 0, false, static_cast<float>(eps), dev.value(),
+                                         kGemma ? "gemma_rmsnorm" : "rmsnorm");
+  }
+};
+
+// residual <- input + residual (rounded to T); input <- rmsnorm(residual) * weight (in place).
+template <typename T, int kH, bool kGemma>
+struct FusedAddRMSNorm {
+  static void run(tvm::ffi::TensorView input, tvm::ffi::TensorView residual, tvm::ffi::TensorView weight,
+                  double eps) {
+    using namespace sgljit;
+    SymbolicSize N{"num_tokens"}, H{"hidden"};
+    auto dt = SymbolicDType::of<T>();
+    SymbolicDevice dev;
+    check_rows<T>(input, "input", N, H, dt, dev);
+    check_rows<T>(residual, "residual", N, H, dt, dev);
+    TensorMatcher({H}).contiguous().with_dtype(dt).with_device(dev).verify(weight, "weight");
+    check_width(kH, H.value(), "input");
+    if (N.value() == 0) return;
+    const RowSet<T> a = rows_2d<T>(input, input, &residual, weight);
+    launch_norm<T, kH, 0, kGemma, true>(a, H.value(), a, 0, false, static_cast<float>(eps), dev.value(),
+                                        kGemma ? "gemma_fused_add_rmsnorm" : "fused_add_rmsnorm");
+  }
+};
+
+// In place, per head: q [T, Hq, D], k [T, Hk, D] (unit last stride, any other strides), weights [D].
+template <typename T, int kD>
+struct QKNorm {
+  static void run(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
+                  tvm::ffi::TensorView k_weight, double eps) {
+    using namespace sgljit;
+    SymbolicSize N{"num_tokens"}, HQ{"q_heads"}, HK{"k_heads"}, D{"head_dim"};
+    auto dt = SymbolicDType::of<T>();
+    SymbolicDevice dev;
+    TensorMatcher({N, HQ, D}).with_strides({kAnySize, kAnySize, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(q, "q");
+    TensorMatcher({N, HK, D}).with_strides({kAnySize, kAnySize, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(k, "k");
+    TensorMatcher({D}).contiguous().with_dtype(dt).with_device(dev).verify(q_weight, "q_weight");
+    TensorMatcher({D}).contiguous().with_dtype(dt).with_device(dev).verify(k_weight, "k_weight");
+    check_width(kD, D.value(), "q");
+    if (N.value() == 0) return;
+    const RowSet<T> a = rows_heads<T>(q, q_weight), b = rows_heads<T>(k, k_weight);
+    const bool has_b = b.rows > 0;
+    if (a.rows == 0) {
+      if (has_b) launch_norm<T, kD, 0, false, false>(b, D.value(), b, 0, false, static_cast<float>(eps), dev.value(), "qknorm");
+      return;
+    }
+    launch_norm<T, kD, kD, false, false>(a, D.value(), b, D.value(), has_b, static_cast<float>(eps), dev.value(),
+                                         "qknorm");
+  }
+};
+
+// In place, per row: q [T, Wq], k [T, Wk] (unit last stride), q_weight [Wq], k_weight [Wk].
+template <typename T, int kWQ, int kWK>
+struct QKNormAcrossHeads {
+  static void run(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
+                  tvm::ffi::TensorView k_weight, double eps) {
+    using namespace sgljit;
+    SymbolicSize N{"num_tokens"}, WQ{"q_width"}, WK{"k_width"};
+    auto dt = SymbolicDType::of<T>();
+    SymbolicDevice dev;
+    check_rows<T>(q, "q", N, WQ, dt, dev);
+    check_rows<T>(k, "k", N, WK, dt, dev);
+    TensorMatcher({WQ}).contiguous().with_dtype(dt).with_device(dev).verify(q_weight, "q_weight");
+    TensorMatcher({WK}).contiguous().with_dtype(dt).with_device(dev).verify(k_weight, "k_weight");
+    check_width(kWQ, WQ.value(), "q");
+    check_width(kWK, WK.value(), "k");
+    if (N.value() == 0) return;
+    const RowSet<T> a = rows_2d<T>(q, q, nullptr, q_weight), b = rows_2d<T>(k, k, nullptr, k_weight);
+    launch_norm<T, kWQ, kWK, false, false>(a, WQ.value(), b, WK.value(), true, static_cast<float>(eps), dev.value(),
+                                           "qknorm_across_heads");
+  }
+};
+
+}  // namespace sgljit_norm
