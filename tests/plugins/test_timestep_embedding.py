@@ -1,7 +1,8 @@
 """sgljit-timestep-embedding: reference, SYCL (CPU device) and CUDA kernels against an fp64 oracle.
 
-The oracle is written independently of the plugin (numpy fp32 arithmetic for the argument, Python's
-``math.exp`` for the frequencies, numpy fp64 sin/cos). Accuracy contract: each fp32 output within
+The oracle is written independently of the plugin (Python's fp64 division and ``math.exp`` rounded to
+fp32 for the frequencies, torch fp32 products for the argument, torch fp64 sin/cos). No numpy: the
+GPU machine may not have it. Accuracy contract: each fp32 output within
 1e-6 of sin/cos (fp64) of the fp32 argument, for |arg| up to 1e5 (tested up to 1e6); fp16/bf16
 outputs within that plus half an epsilon of the output type.
 """
@@ -9,10 +10,10 @@ outputs within that plus half an epsilon of the output type.
 import math
 import os
 import re
+import struct
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -57,18 +58,22 @@ def device_of(backend: str) -> str:
 # Independent oracle
 # ------------------------------------------------------------------------------------------------
 def oracle(t, dim, flip_sin_to_cos=False, downscale_freq_shift=0.0, scale=1.0, max_period=10000):
-    """fp64 embedding [B, dim] of the fp32 argument, from numpy and math only."""
+    """(fp64 embedding [B, dim] of the fp32 argument, the fp32 argument [B, dim // 2]), on the CPU."""
     half = dim // 2
-    tf = np.asarray(t.detach().cpu().to(torch.float64)).astype(np.float32)
-    j = np.arange(half, dtype=np.float32)
-    exponent = (np.float32(-math.log(max_period)) * j) / np.float32(half - downscale_freq_shift)
-    freq = np.array([math.exp(float(e)) for e in exponent], dtype=np.float64).astype(np.float32)
-    arg = (tf[:, None] * freq[None, :]) * np.float32(scale)
-    a = arg.astype(np.float64)
-    parts = [np.cos(a), np.sin(a)] if flip_sin_to_cos else [np.sin(a), np.cos(a)]
+
+    def f32(x: float) -> float:  # round a Python float to the nearest fp32
+        return struct.unpack("f", struct.pack("f", x))[0]
+
+    c, d = f32(-math.log(max_period)), f32(half - downscale_freq_shift)
+    # fp32 product c*j (exact in fp64, then rounded), fp32 quotient, exp rounded once to fp32
+    freq = [f32(math.exp(f32(f32(c * j) / d))) for j in range(half)]
+    tf = t.detach().cpu().to(torch.float64).to(torch.float32)
+    arg = (tf[:, None] * torch.tensor(freq, dtype=torch.float32)[None, :]) * f32(scale)
+    a = arg.double()
+    parts = [a.cos(), a.sin()] if flip_sin_to_cos else [a.sin(), a.cos()]
     if dim % 2:
-        parts.append(np.zeros((len(tf), 1)))
-    return np.concatenate(parts, axis=1), arg
+        parts.append(torch.zeros(len(tf), 1, dtype=torch.float64))
+    return torch.cat(parts, dim=1), arg
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -76,19 +81,21 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def assert_embedding(
-    out: torch.Tensor, expected: np.ndarray, dtype: torch.dtype, what: str = ""
+    out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = ""
 ) -> None:
     assert out.dtype == dtype
-    got = out.detach().cpu().to(torch.float64).numpy()
+    got = out.detach().cpu().to(torch.float64)
+    expected = expected.cpu()
     assert got.shape == expected.shape
-    assert np.isfinite(got).all(), (
-        f"{what}: {np.count_nonzero(~np.isfinite(got))} unwritten/NaN elements"
-    )
-    err = np.abs(got - expected)
-    worst = np.unravel_index(np.argmax(err), err.shape) if err.size else ()
-    assert err.size == 0 or err.max() <= tolerance(dtype), (
-        f"{what}: max abs error {err.max():.3e} at {worst} (got {got[worst]!r}, expected "
-        f"{expected[worst]!r}); tolerance {tolerance(dtype):.3e}"
+    bad = ~torch.isfinite(got)
+    assert not bad.any(), f"{what}: {int(bad.sum())} unwritten/NaN elements"
+    if got.numel() == 0:
+        return
+    err = (got - expected).abs()
+    worst = divmod(int(err.argmax()), got.shape[1])
+    assert err.max().item() <= tolerance(dtype), (
+        f"{what}: max abs error {err.max().item():.3e} at {worst} (got {got[worst].item()!r}, "
+        f"expected {expected[worst].item()!r}); tolerance {tolerance(dtype):.3e}"
     )
 
 
@@ -139,9 +146,9 @@ def test_reference_matches_fp64_oracle(dim, kw):
         kw.get("scale", 1.0),
         kw.get("max_period", 10000),
     )
-    assert np.array_equal(ref_arg.numpy(), arg), "fp32 arguments must be identical to the bit"
-    got = reference.timestep_embedding_fp64(t, dim, **kw).numpy()
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-15)
+    assert torch.equal(ref_arg, arg), "fp32 arguments must be identical to the bit"
+    got = reference.timestep_embedding_fp64(t, dim, **kw)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-15)
 
 
 def _diffusers_get_timestep_embedding(
@@ -217,7 +224,7 @@ def test_accuracy_contract_large_arguments(backend, dim, scale):
     t = torch.cat([timesteps(61, seed=int(scale)), torch.tensor([999.0, 1000.0, 0.0, 1.0])])
     kw = {"scale": scale, "flip_sin_to_cos": True}
     expected, arg = oracle(t, dim, **kw)
-    assert np.abs(arg).max() > scale * 999
+    assert arg.abs().max().item() > scale * 999
     assert_embedding(
         run(backend, t, dim, torch.float32, **kw), expected, torch.float32, f"scale={scale}"
     )
@@ -354,53 +361,58 @@ def test_dim_one_and_odd_dims_write_a_zero_column():
 # ------------------------------------------------------------------------------------------------
 # The kernels' sin/cos: Cody-Waite reduction by 2*pi, emulated bit-exactly on the CPU
 # ------------------------------------------------------------------------------------------------
-def fma_f32(a, b, c) -> np.ndarray:
+def fma_f32(a: torch.Tensor, b: torch.Tensor | float, c: torch.Tensor) -> torch.Tensor:
     """fp32 fmaf(a, b, c), exact: a*b is exact in fp64, TwoSum gives the exact a*b + c as s + e,
     and rounding s to fp32 is correct unless s sits exactly on a tie, where e decides."""
-    a64, b64, c64 = (np.asarray(x, np.float32).astype(np.float64) for x in (a, b, c))
+    a64, b64, c64 = (torch.as_tensor(x, dtype=torch.float32).double() for x in (a, b, c))
     p = a64 * b64
     s = p + c64
     bb = s - p
     e = (p - (s - bb)) + (c64 - bb)
-    r = s.astype(np.float32)
-    r64 = r.astype(np.float64)
-    other = np.where(
-        s > r64, np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))
-    )
-    tie = (s == (r64 + other.astype(np.float64)) / 2) & (e != 0)
-    toward = np.where(e > 0, np.maximum(r, other), np.minimum(r, other))
-    return np.where(tie, toward, r).astype(np.float32)
+    r = s.float()
+    r64 = r.double()
+    inf = torch.tensor(math.inf, dtype=torch.float32)
+    other = torch.where(s > r64, torch.nextafter(r, inf), torch.nextafter(r, -inf))
+    tie = (s == (r64 + other.double()) / 2) & (e != 0)
+    toward = torch.where(e > 0, torch.maximum(r, other), torch.minimum(r, other))
+    return torch.where(tie, toward, r)
 
 
-def kernel_constants(path: Path) -> dict[str, np.float32]:
+def kernel_constants(path: Path) -> dict[str, float]:
     text = path.read_text()
     found = dict(
         re.findall(r"constexpr float (k(?:Inv2Pi|TwoPi\w+)) = (-?0x[0-9a-fA-F.p+-]+)f;", text)
     )
     assert set(found) == {"kInv2Pi", "kTwoPiHi", "kTwoPiMid", "kTwoPiLo"}, found
-    return {k: np.float32(float.fromhex(v)) for k, v in found.items()}
+    values = {k: float.fromhex(v) for k, v in found.items()}
+    for k, v in values.items():
+        assert torch.tensor(v, dtype=torch.float32).item() == v, f"{k} is not an fp32 value"
+    return values
 
 
-def reduce_two_pi(x: np.ndarray, c: dict[str, np.float32]) -> np.ndarray:
-    """The kernels' reduce_two_pi in numpy fp32 (CUDA: __fmul_rn/fmaf/__fadd_rn; SYCL: the same)."""
-    x = np.asarray(x, np.float32)
-    k = np.rint(x * c["kInv2Pi"]).astype(np.float32)
+def reduce_two_pi(x: torch.Tensor, c: dict[str, float]) -> torch.Tensor:
+    """The kernels' reduce_two_pi in fp32 (CUDA: __fmul_rn/rintf/fmaf/__fadd_rn; SYCL: the same).
+    torch.round rounds half to even, as rintf."""
+    k = torch.round(x * c["kInv2Pi"])
     r = fma_f32(-k, c["kTwoPiHi"], x)
-    tail = fma_f32(-k, c["kTwoPiMid"], (-k * c["kTwoPiLo"]).astype(np.float32))
-    return (r + tail).astype(np.float32)
+    tail = fma_f32(-k, c["kTwoPiMid"], -k * c["kTwoPiLo"])
+    return r + tail
 
 
 def test_fma_emulation_is_exact():
-    rng = np.random.default_rng(1)
-    x = (rng.uniform(-1e5, 1e5, 400)).astype(np.float32)
-    k = np.rint(x * np.float32(1 / (2 * math.pi))).astype(np.float32)
-    for b in (np.float32(6.2831855), np.float32(-1.7484555e-07)):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(400, generator=g, dtype=torch.float64) * 2e5 - 1e5).float()
+    k = torch.round(x * (1 / (2 * math.pi)))
+    inf = torch.tensor(math.inf)
+    for b in (6.2831854820251465, -1.7484555314695172e-07):  # fp32 values
         got = fma_f32(-k, b, x)
-        for ki, xi, gi in zip(k, x, got, strict=True):
-            exact = -Fraction(float(ki)) * Fraction(float(b)) + Fraction(float(xi))
-            lo, hi = np.nextafter(gi, np.float32(-np.inf)), np.nextafter(gi, np.float32(np.inf))
-            d = abs(Fraction(float(gi)) - exact)
-            assert d <= abs(Fraction(float(lo)) - exact) and d <= abs(Fraction(float(hi)) - exact)
+        lo, hi = torch.nextafter(got, -inf), torch.nextafter(got, inf)
+        for ki, xi, gi, li, hi_ in zip(
+            k.tolist(), x.tolist(), got.tolist(), lo.tolist(), hi.tolist(), strict=True
+        ):
+            exact = -Fraction(ki) * Fraction(b) + Fraction(xi)
+            d = abs(Fraction(gi) - exact)
+            assert d <= abs(Fraction(li) - exact) and d <= abs(Fraction(hi_) - exact)
 
 
 def test_cody_waite_reduction_error_bound():
@@ -409,34 +421,35 @@ def test_cody_waite_reduction_error_bound():
     below 6e-7 < 1e-6. The SYCL kernel uses the same constants and code."""
     c = kernel_constants(PACKAGE / "csrc" / "timestep_embedding.cuh")
     assert c == kernel_constants(PACKAGE / "sycl" / "timestep_embedding.hpp")
-    two_pi = (
-        Fraction(c["kTwoPiHi"].item())
-        + Fraction(c["kTwoPiMid"].item())
-        + Fraction(c["kTwoPiLo"].item())
-    )
+    two_pi = Fraction(c["kTwoPiHi"]) + Fraction(c["kTwoPiMid"]) + Fraction(c["kTwoPiLo"])
     assert abs(float(two_pi - Fraction(2 * math.pi))) < 1e-15  # the split sums to 2*pi
 
-    rng = np.random.default_rng(0)
-    k = np.arange(-16000, 16001, dtype=np.float64)
-    near_multiples = (k * 2 * math.pi).astype(np.float32)
-    x = np.concatenate(
+    g = torch.Generator().manual_seed(0)
+
+    def uniform(n, lo, hi):
+        return torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo
+
+    k = torch.arange(-16000, 16001, dtype=torch.float64)
+    near_multiples = (k * 2 * math.pi).float()
+    sign = torch.where(torch.rand(200_000, generator=g) < 0.5, -1.0, 1.0).double()
+    x = torch.cat(
         [
-            np.linspace(-1e5, 1e5, 600_001).astype(np.float32),
-            (10 ** rng.uniform(-6, 5, 200_000) * rng.choice([-1, 1], 200_000)).astype(np.float32),
+            torch.linspace(-1e5, 1e5, 600_001, dtype=torch.float64).float(),
+            (10 ** uniform(200_000, -6, 5) * sign).float(),  # log-uniform magnitudes
             near_multiples,
-            np.nextafter(near_multiples, np.float32(np.inf)),
-            (k * 2 * math.pi + math.pi).astype(np.float32),  # r near +-pi: the largest |r|
-            rng.uniform(-1e6, 1e6, 100_000).astype(np.float32),
+            torch.nextafter(near_multiples, torch.tensor(math.inf)),
+            (k * 2 * math.pi + math.pi).float(),  # r near +-pi: the largest |r|
+            uniform(100_000, -1e6, 1e6).float(),
         ]
     )
-    r = reduce_two_pi(x, c).astype(np.float64)
-    x64 = x.astype(np.float64)
-    err = np.maximum(np.abs(np.sin(r) - np.sin(x64)), np.abs(np.cos(r) - np.cos(x64)))
-    assert err.max() < 1.25e-7, err.max()
-    small = np.abs(x64) <= 1e5
-    assert np.abs(r[small]).max() < math.pi + 0.01  # inside the hardware sin/cos's accurate range
+    r = reduce_two_pi(x, c).double()
+    x64 = x.double()
+    err = torch.maximum((r.sin() - x64.sin()).abs(), (r.cos() - x64.cos()).abs()).max().item()
+    assert err < 1.25e-7, err
+    small = x64.abs() <= 1e5
+    assert r[small].abs().max().item() < math.pi + 0.01  # inside the hardware sin/cos's range
     hardware = 2.0**-21.19  # __cosf's bound (the larger of the two)
-    assert err.max() + hardware < 6e-7
+    assert err + hardware < 6e-7
 
 
 # ------------------------------------------------------------------------------------------------
@@ -498,7 +511,7 @@ def test_cuda_torch_compile_fullgraph():
 
     t = torch.rand(37, device="cuda") * 1000
     got = torch.compile(f, fullgraph=True)(t)
-    want = torch.from_numpy(oracle(t, 256, True, scale=2.0)[0]) * 3.0
+    want = oracle(t, 256, True, scale=2.0)[0] * 3.0
     assert (got.cpu().double() - want).abs().max().item() <= 3e-6
 
 
