@@ -112,8 +112,8 @@ def test_build_prebuilds_declared_kernels_and_reports_failures(cache_dir, plugin
     )
     out = result.stdout + result.stderr
     assert result.returncode == 1, out  # the broken specialization fails the command
-    assert "built good: fill 7 [9.0a]" in out and "built good: fill 7 [8.0]" in out
-    assert "FAILED good: broken [9.0a]" in out and "this fixture never compiles" in out
+    assert "built good: value=7 [9.0a]" in out and "built good: value=7 [8.0]" in out
+    assert "FAILED good: value=broken [9.0a]" in out and "this fixture never compiles" in out
     assert "2 of 4 built" in out
     # one module per architecture, so each serving host finds its own GPU's
     modules = published(cache_dir, "fixture_")

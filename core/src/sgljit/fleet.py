@@ -1,14 +1,15 @@
 """Fleet readiness: prebuild every kernel a plugin declares, and move a built cache between hosts.
 
-A plugin's manifest names a function returning what to prebuild::
+A plugin's manifest names a function listing what to prebuild; a function ``prebuild`` beside it
+builds one entry::
 
     "prebuild": "sgljit_norm.ops:prebuild_specs"
 
-    def prebuild_specs(backend: str) -> list[dict]:
-        # each: {"label": "rmsnorm bf16 4096", "loader": "sgljit_norm.ops:_cuda_module", "args": [torch.bfloat16, 4096]}
+    def prebuild_specs(backend: str) -> list[dict]:      # e.g. [{"dtype": torch.bfloat16, "hidden": 4096}, ...]
+    def prebuild(backend: str, **spec) -> object:        # builds (or loads) that specialization
 
-``sgljit build`` calls each loader with its args in worker processes (so builds run in parallel and
-one crash cannot take the others down), with the requested architectures, and reports every failure.
+``sgljit build`` runs each in worker processes (so builds run in parallel and one crash cannot take
+the others down), for the requested architectures, and reports every failure.
 """
 
 from __future__ import annotations
@@ -66,8 +67,18 @@ def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], 
                 f"plugin {name!r}: {target}({backend!r}) failed: {type(err).__name__}: {err}"
             )
             continue
+        builder = target.rpartition(":")[0] + ":prebuild"
         for spec in specs:
-            jobs.append({"plugin": name, "backend": backend, **spec})
+            label = ", ".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in spec.items())
+            jobs.append(
+                {
+                    "plugin": name,
+                    "backend": backend,
+                    "builder": builder,
+                    "spec": spec,
+                    "label": label,
+                }
+            )
     return jobs, problems
 
 
@@ -76,11 +87,9 @@ def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
     os.environ.update(env)
     started = time.perf_counter()
     try:
-        from .backend import use_backend
-
-        loader = _resolve(job["loader"])
-        with use_backend("sycl" if job["backend"] == "sycl" else "cuda"):
-            loader(*job.get("args", ()), **job.get("kwargs", {}))
+        result = _resolve(job["builder"])(job["backend"], **job["spec"])
+        if hasattr(result, "build"):  # a SYCL module: compile now, not at its first launch
+            result.build()
         return True, "", time.perf_counter() - started
     except Exception as err:
         return False, f"{type(err).__name__}: {err}", time.perf_counter() - started
@@ -93,11 +102,7 @@ def build_all(plugins: list[str] | None, backend: str, arch: str | None, jobs: i
     archs = (arch or "").split() if backend == "cuda" else []
     if len(archs) > 1:
         # One module per architecture: a serving host looks up its own GPU's architecture alone.
-        work = [
-            {**job, "arch": a, "label": f"{job.get('label', job['loader'])} [{a}]"}
-            for a in archs
-            for job in work
-        ]
+        work = [{**job, "arch": a, "label": f"{job['label']} [{a}]"} for a in archs for job in work]
     elif archs:
         env["SGLJIT_CUDA_ARCH"] = archs[0]
     if not work and not problems:
@@ -120,7 +125,7 @@ def build_all(plugins: list[str] | None, backend: str, arch: str | None, jobs: i
         }
         for done, future in enumerate(cf.as_completed(futures), 1):
             job = futures[future]
-            label = f"{job['plugin']}: {job.get('label', job['loader'])}"
+            label = f"{job['plugin']}: {job['label']}"
             try:
                 ok, message, seconds = future.result()
             except Exception as err:  # the worker died
