@@ -39,9 +39,13 @@ def available_backends() -> tuple[list[tuple[str, Any]], list[str]]:
         if any(d["type"] == "cpu" and d["can_build_source"] for d in info["devices"]):
             found.append(("sycl", torch.device("cpu")))
         elif info["runtime"] is None:
-            notes.append(f"sycl (CPU device): the SYCL runtime is not installed: {sycl.INSTALL_HINT}")
+            notes.append(
+                f"sycl (CPU device): the SYCL runtime is not installed: {sycl.INSTALL_HINT}"
+            )
         else:
-            notes.append(f"sycl (CPU device): no SYCL CPU device can build kernels ({info['error']})")
+            notes.append(
+                f"sycl (CPU device): no SYCL CPU device can build kernels ({info['error']})"
+            )
     except Exception as err:
         notes.append(f"sycl (CPU device): unavailable ({err})")
     found.append(("reference", torch.device("cpu")))
@@ -61,7 +65,7 @@ def _max_error(result: Any, expected: Any) -> float:
     import torch
 
     if isinstance(result, (tuple, list)):
-        return max(_max_error(r, e) for r, e in zip(result, expected))
+        return max(_max_error(r, e) for r, e in zip(result, expected, strict=True))
     r, e = result.detach().double().cpu(), expected.detach().double().cpu()
     if r.shape != e.shape:
         return float("inf")
@@ -85,7 +89,9 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 20) -> int:
             continue
         target = (plugin.manifest or {}).get("check")
         if plugin.error or not target:
-            rows.append((f"({plugin.name})", "-", "-", plugin.error or "no checks declared", "-", "-"))
+            rows.append(
+                (f"({plugin.name})", "-", "-", plugin.error or "no checks declared", "-", "-")
+            )
             failed += bool(plugin.error)
             continue
         module, _, attr = target.partition(":")
@@ -112,18 +118,24 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 20) -> int:
                     rows.append((case["op"], label, case["shape"], status, f"{error:.2e}", timing))
                 except Exception as err:
                     ok = False
-                    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    rows.append((case["op"], label, case["shape"], f"ERROR {message[:80]}", "-", "-"))
+                    message = (
+                        str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    )
+                    rows.append(
+                        (case["op"], label, case["shape"], f"ERROR {message[:80]}", "-", "-")
+                    )
                 failed += not ok
     header = ("op", "backend", "shape", "status", "max error", "time per call (incl. reference)")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print()
     for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
     for note in notes:
         print(f"\nnot run: {note}")
     if not rows:
-        print("no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding")
+        print(
+            "no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding"
+        )
         return 1
     print(f"\n{len(rows) - failed} of {len(rows)} passed")
     return 1 if failed else 0
@@ -134,7 +146,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    check = sub.add_parser("check", help="run every installed op on each backend against its reference")
+    check = sub.add_parser(
+        "check", help="run every installed op on each backend against its reference"
+    )
     check.add_argument("--plugin", action="append", help="only this plugin (repeatable)")
     check.add_argument("--repeats", type=int, default=20, help="timed calls per case")
     check.set_defaults(fn=cmd_check)
