@@ -349,7 +349,9 @@ def _validate_common(q, k, cos_sin_cache, positions, rotary_dim, head_dim, is_ne
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
     if rotary_dim > head_dim:
-        raise ValueError(f"rotary_dim: {rotary_dim} exceeds head_dim {head_dim}")
+        raise ValueError(
+            f"rotary_dim: {rotary_dim} exceeds head_dim {head_dim} (q's last dim or head_dim=)"
+        )
     n = positions.shape[0]
     for x, name in ((q, "q"), (k, "k")):
         if x.dim() >= 1 and x.shape[0] != n:

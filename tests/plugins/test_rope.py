@@ -1,0 +1,558 @@
+"""sgljit-rope: apply_rope and apply_rope_with_kv_cache on every backend.
+
+The oracle is written here from the formula in float64 (not from another library). Backends:
+"reference" everywhere, "sycl" on the SYCL CPU device (CPU tensors), "cuda" on a GPU. On the GPU:
+odd token counts, strided views into a qkv buffer, misaligned views (narrower vectors), poisoned
+caches, out-of-range indices, torch.compile(fullgraph=True) and CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+import sgljit
+
+ops = pytest.importorskip("sgljit_rope.ops")
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _sycl_missing() -> bool:
+    try:
+        from sgljit.sycl import SYCLRuntimeNotFound, find_runtime
+    except ImportError:
+        return True
+    try:
+        find_runtime()
+    except SYCLRuntimeNotFound:
+        return True
+    return False
+
+
+BACKENDS = [
+    "reference",
+    pytest.param(
+        "sycl",
+        marks=[
+            pytest.mark.sycl,
+            pytest.mark.skipif(_sycl_missing(), reason="SYCL runtime not installed"),
+        ],
+    ),
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")],
+    ),
+]
+needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+
+def device_of(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
+
+
+def using(backend: str):
+    return sgljit.use_backend("sycl") if backend == "sycl" else contextlib.nullcontext()
+
+
+def tol(dtype: torch.dtype) -> dict:
+    return {
+        torch.float32: dict(atol=1e-5, rtol=1e-5),
+        torch.float16: dict(atol=2e-3, rtol=2e-3),
+        torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+    }[dtype]
+
+
+def make_cache(max_pos: int, rot: int, device, base: float = 10000.0) -> torch.Tensor:
+    """A real rope cache (cos | sin of pos * theta_i), fp32 [max_pos, rot]."""
+    inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat((ang.cos(), ang.sin()), dim=-1).float().to(device)
+
+
+def oracle(x: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, neox: bool):
+    """float64 rope of x [T, H, D] from the definition; out-of-range positions: unrotated."""
+    xr = x.detach().double().cpu()
+    rot, half = cache.shape[1], cache.shape[1] // 2
+    pos = positions.detach().cpu().long()
+    valid = (pos >= 0) & (pos < cache.shape[0])
+    rows = cache.detach().double().cpu()[pos.clamp(0, cache.shape[0] - 1)]
+    c, s = rows[:, None, :half], rows[:, None, half:]  # theta_i for pair i
+    if neox:
+        i1 = torch.arange(half)
+        i2 = i1 + half
+    else:
+        i1 = torch.arange(0, rot, 2)
+        i2 = i1 + 1
+    x1, x2 = xr[..., i1], xr[..., i2]
+    y = xr.clone()
+    y[..., i1] = x1 * c - x2 * s
+    y[..., i2] = x2 * c + x1 * s
+    return torch.where(valid[:, None, None], y, xr)
+
+
+def assert_close(actual, expected, dtype):
+    torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), **tol(dtype))
+
+
+# (dtype, head_dim, rotary_dim, is_neox, index dtype): CUDA compiles one module per combination.
+ROPE_CASES = [
+    (torch.bfloat16, 128, 128, True, torch.int64),
+    (torch.bfloat16, 128, 128, False, torch.int64),
+    (torch.float16, 128, 128, True, torch.int32),
+    (torch.float32, 64, 64, False, torch.int64),
+    (torch.bfloat16, 128, 64, True, torch.int64),  # partial rotary
+    (torch.float16, 80, 80, False, torch.int32),
+    (torch.bfloat16, 512, 512, True, torch.int64),
+]
+KV_CASES = [
+    (torch.bfloat16, 128, 128, True, torch.int64, torch.int64),
+    (torch.float16, 128, 64, False, torch.int32, torch.int32),  # partial rotary
+    (torch.float32, 96, 96, True, torch.int64, torch.int32),
+]
+
+
+def case_id(c):
+    return "-".join(str(v).removeprefix("torch.") for v in c)
+
+
+def tokens_for(backend):
+    return (1, 7, 4109) if backend == "cuda" else (1, 7, 33)
+
+
+# --------------------------------------------------------------------------------------------
+# apply_rope
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ROPE_CASES, ids=case_id)
+def test_apply_rope_numerics(backend, case):
+    dtype, D, rot, neox, idx = case
+    if backend == "sycl" and D == 512:
+        pytest.skip("kept out of the CPU run to bound compile time")
+    dev = device_of(backend)
+    torch.manual_seed(0)
+    Hq, Hk, max_pos = 6, 3, 5000  # head counts not multiples of the chunk size
+    cache = make_cache(max_pos, rot, dev)
+    for T in tokens_for(backend):
+        q = torch.randn(T, Hq, D, device=dev).to(dtype)
+        k = torch.randn(T, Hk, D, device=dev).to(dtype)
+        pos = torch.randint(0, max_pos, (T,), device=dev, dtype=idx)
+        want_q, want_k = oracle(q, cache, pos, neox), oracle(k, cache, pos, neox)
+        q0, k0 = q.clone(), k.clone()
+        with using(backend):
+            out = sgljit.ops.apply_rope(q, k, cache, pos, is_neox=neox)
+        assert out is None
+        assert_close(q, want_q, dtype)
+        assert_close(k, want_k, dtype)
+        # partial rotary: the rest is untouched, bit for bit
+        assert torch.equal(q[..., rot:], q0[..., rot:]) and torch.equal(k[..., rot:], k0[..., rot:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_rope_strided_qkv_views(backend):
+    """q and k as flattened and 3-D views into a padded qkv buffer; v and padding untouched."""
+    dev = device_of(backend)
+    torch.manual_seed(1)
+    dtype, D, Hq, Hk, T, max_pos = torch.bfloat16, 128, 8, 2, 37, 300
+    width = (Hq + 2 * Hk) * D + 64  # padded rows
+    cache = make_cache(max_pos, D, dev)
+    for flat in (True, False):
+        qkv = torch.randn(T, width, device=dev).to(dtype)
+        before = qkv.clone()
+        q = qkv[:, : Hq * D]
+        k = qkv[:, Hq * D : (Hq + Hk) * D]
+        if not flat:
+            q, k = q.view(T, Hq, D), k.view(T, Hk, D)
+        pos = torch.randint(0, max_pos, (T,), device=dev)
+        want_q = oracle(before[:, : Hq * D].view(T, Hq, D), cache, pos, True)
+        want_k = oracle(before[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D), cache, pos, True)
+        with using(backend):
+            sgljit.ops.apply_rope(q, k, cache, pos)
+        assert_close(qkv[:, : Hq * D].view(T, Hq, D), want_q, dtype)
+        assert_close(qkv[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D), want_k, dtype)
+        assert torch.equal(qkv[:, (Hq + Hk) * D :], before[:, (Hq + Hk) * D :])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_rope_head_stride_and_flat_head_dim(backend):
+    """Heads with a stride larger than D (q[:, :, :D] of a wider tensor); flattened input with
+    head_dim != rotary_dim given explicitly."""
+    dev = device_of(backend)
+    torch.manual_seed(2)
+    T, H, D, rot = 9, 4, 64, 32
+    cache = make_cache(100, rot, dev)
+    pos = torch.randint(0, 100, (T,), device=dev)
+    big = torch.randn(T, H, D + 16, device=dev)
+    q = big[:, :, :D]
+    k = torch.randn(T, 2 * D, device=dev)  # flattened [T, 2 * 64]
+    want_q = oracle(q, cache, pos, False)
+    want_k = oracle(k.view(T, 2, D), cache, pos, False)
+    with using(backend):
+        sgljit.ops.apply_rope(q, k, cache, pos, is_neox=False, head_dim=D)
+    assert_close(q, want_q, torch.float32)
+    assert_close(k.view(T, 2, D), want_k, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_of_range_positions_leave_tokens_unrotated(backend):
+    dev = device_of(backend)
+    torch.manual_seed(3)
+    T, D, max_pos = 8, 64, 50
+    cache = make_cache(max_pos, D, dev)
+    q = torch.randn(T, 3, D, device=dev)
+    k = torch.randn(T, 1, D, device=dev)
+    pos = torch.randint(0, max_pos, (T,), device=dev)
+    pos[1], pos[4], pos[6] = max_pos, -1, 1 << 40
+    q0, k0 = q.clone(), k.clone()
+    with using(backend):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+    assert torch.equal(q[[1, 4, 6]], q0[[1, 4, 6]]) and torch.equal(k[[1, 4, 6]], k0[[1, 4, 6]])
+    assert_close(q, oracle(q0, cache, pos, True), torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_indices_env_raises_naming_first_bad(backend, monkeypatch):
+    dev = device_of(backend)
+    cache = make_cache(10, 64, dev)
+    q, k = torch.randn(5, 2, 64, device=dev), torch.randn(5, 1, 64, device=dev)
+    pos = torch.tensor([0, 3, 12, -1, 2], device=dev)
+    monkeypatch.setenv("SGLJIT_CHECK_INDICES", "1")
+    with using(backend), pytest.raises(IndexError, match=r"positions\[2\] = 12"):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+    v = torch.randn(5, 1, 64, device=dev)
+    kc, vc = torch.zeros(4, 1, 64, device=dev), torch.zeros(4, 1, 64, device=dev)
+    loc = torch.tensor([0, 1, 2, 3, 4], device=dev)
+    with using(backend), pytest.raises(IndexError, match=r"out_loc\[4\] = 4"):
+        sgljit.ops.apply_rope_with_kv_cache(q, k, v, kc, vc, cache, pos.clamp(0, 9), loc)
+
+
+# --------------------------------------------------------------------------------------------
+# apply_rope_with_kv_cache
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", KV_CASES, ids=case_id)
+def test_apply_rope_with_kv_cache_numerics(backend, case):
+    dtype, D, rot, neox, idx, loc_dtype = case
+    dev = device_of(backend)
+    torch.manual_seed(4)
+    Hq, Hk, max_pos = 5, 3, 3000
+    cache = make_cache(max_pos, rot, dev)
+    for T in tokens_for(backend):
+        slots = 2 * T + 3
+        q = torch.randn(T, Hq, D, device=dev).to(dtype)
+        k = torch.randn(T, Hk, D, device=dev).to(dtype)
+        v = torch.randn(T, Hk, D, device=dev).to(dtype)
+        pos = torch.randint(0, max_pos, (T,), device=dev, dtype=idx)
+        loc = torch.randperm(slots, device=dev)[:T].to(loc_dtype)
+        kc = torch.full((slots, Hk, D), float("nan"), device=dev, dtype=dtype)  # poisoned
+        vc = torch.full_like(kc, float("nan"))
+        k0, v0 = k.clone(), v.clone()
+        want_q, want_k = oracle(q, cache, pos, neox), oracle(k, cache, pos, neox)
+        with using(backend):
+            sgljit.ops.apply_rope_with_kv_cache(q, k, v, kc, vc, cache, pos, loc, is_neox=neox)
+        assert_close(q, want_q, dtype)
+        lo = loc.long()
+        assert_close(kc[lo], want_k, dtype)
+        assert torch.equal(vc[lo], v0)
+        assert torch.equal(k, k0) and torch.equal(v, v0)  # k and v are not modified
+        untouched = torch.ones(slots, dtype=torch.bool, device=dev)
+        untouched[lo] = False
+        assert kc[untouched].isnan().all() and vc[untouched].isnan().all()
+        assert not kc[lo].isnan().any() and not vc[lo].isnan().any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kv_cache_out_of_range_and_strided(backend):
+    """Caches as strided views (one layer of a [slots, layers, Hk, D] buffer); flattened q/k/v
+    views into a qkv buffer; a bad out_loc stores nothing; a bad position stores k unrotated."""
+    dev = device_of(backend)
+    torch.manual_seed(5)
+    dtype, T, Hq, Hk, D, slots, max_pos = torch.bfloat16, 11, 4, 2, 128, 40, 64
+    cache = make_cache(max_pos, D, dev)
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=dev).to(dtype)
+    q = qkv[:, : Hq * D]
+    k = qkv[:, Hq * D : (Hq + Hk) * D]
+    v = qkv[:, (Hq + Hk) * D :]
+    buf = torch.full((slots, 3, 2, Hk, D), float("nan"), device=dev, dtype=dtype)
+    kc, vc = buf[:, 1, 0], buf[:, 1, 1]
+    pos = torch.randint(0, max_pos, (T,), device=dev)
+    loc = torch.randperm(slots, device=dev)[:T]
+    pos[3] = max_pos + 5
+    loc[5], loc[8] = slots, -2
+    k3, v3 = k.view(T, Hk, D).clone(), v.view(T, Hk, D).clone()
+    want_q = oracle(q.view(T, Hq, D), cache, pos, True)
+    want_k = oracle(k3, cache, pos, True)
+    with using(backend):
+        sgljit.ops.apply_rope_with_kv_cache(q, k, v, kc, vc, cache, pos, loc)
+    assert_close(q.view(T, Hq, D), want_q, dtype)
+    ok = (loc >= 0) & (loc < slots)
+    assert_close(kc[loc[ok]], want_k[ok.cpu()], dtype)
+    assert torch.equal(kc[loc[3]], k3[3])  # bad position: stored unrotated
+    assert torch.equal(vc[loc[ok]], v3[ok])
+    written = torch.zeros(slots, dtype=torch.bool, device=dev)
+    written[loc[ok]] = True
+    assert buf[:, 1][~written].isnan().all()
+    others = torch.ones(3, dtype=torch.bool)
+    others[1] = False
+    assert buf[:, others.to(dev)].isnan().all()  # other layers untouched
+
+
+# --------------------------------------------------------------------------------------------
+# Bad inputs
+
+
+def _args(dev="cpu", T=4, D=64):
+    return (
+        torch.randn(T, 2, D, device=dev),
+        torch.randn(T, 1, D, device=dev),
+        make_cache(16, D, dev),
+        torch.arange(T, device=dev),
+    )
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, match",
+    [
+        (lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"].half()}, TypeError, "cos_sin_cache"),
+        (lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][0]}, ValueError, "cos_sin_cache"),
+        (lambda a: {**a, "positions": a["positions"].float()}, TypeError, "positions"),
+        (lambda a: {**a, "positions": a["positions"][:3]}, ValueError, "positions"),
+        (lambda a: {**a, "k": a["k"].double()}, TypeError, "k"),
+        (lambda a: {**a, "q": a["q"].int()}, TypeError, "q"),
+        (lambda a: {**a, "rotary_dim": 63}, ValueError, "rotary_dim"),
+        (lambda a: {**a, "rotary_dim": 32}, ValueError, "rotary_dim"),
+        (lambda a: {**a, "cos_sin_cache": make_cache(16, 66, "cpu")}, ValueError, "rotary_dim"),
+        (lambda a: {**a, "q": a["q"].flatten(1)[:, :100]}, ValueError, "q"),
+        (lambda a: {**a, "q": torch.randn(4, 2, 128)[:, :, ::2]}, ValueError, "q: the last dim"),
+        (lambda a: {**a, "q": a["q"].transpose(1, 2)}, ValueError, "head_dim"),
+        (lambda a: {**a, "q": [1, 2]}, TypeError, "q"),
+    ],
+)
+def test_bad_inputs_apply_rope(mutate, exc, match):
+    q, k, cache, pos = _args()
+    a = mutate({"q": q, "k": k, "cos_sin_cache": cache, "positions": pos})
+    with pytest.raises(exc, match=match):
+        sgljit.ops.apply_rope(**a)
+
+
+def test_odd_rotary_cache_width_rejected():
+    q, k, _, pos = _args()
+    with pytest.raises(ValueError, match="rotary_dim"):
+        sgljit.ops.apply_rope(q, k, torch.zeros(16, 63), pos)
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, match",
+    [
+        (lambda a: {**a, "k_cache": torch.zeros(8, 2, 64)}, ValueError, "k_cache"),
+        (lambda a: {**a, "k_cache": torch.zeros(8, 1, 32)}, ValueError, "k_cache"),
+        (lambda a: {**a, "v_cache": torch.zeros(9, 1, 64)}, ValueError, "v_cache"),
+        (lambda a: {**a, "k_cache": a["k_cache"].half()}, TypeError, "k_cache"),
+        (lambda a: {**a, "out_loc": a["out_loc"].float()}, TypeError, "out_loc"),
+        (lambda a: {**a, "out_loc": a["out_loc"][:2]}, ValueError, "out_loc"),
+        (lambda a: {**a, "v": a["v"][:, :, :32]}, ValueError, "v"),
+        (lambda a: {**a, "v": None}, TypeError, "v"),
+    ],
+)
+def test_bad_inputs_kv_cache(mutate, exc, match):
+    q, k, cache, pos = _args()
+    a = {
+        "q": q,
+        "k": k,
+        "v": torch.randn_like(k),
+        "k_cache": torch.zeros(8, 1, 64),
+        "v_cache": torch.zeros(8, 1, 64),
+        "cos_sin_cache": cache,
+        "positions": pos,
+        "out_loc": torch.arange(4),
+    }
+    with pytest.raises(exc, match=match):
+        sgljit.ops.apply_rope_with_kv_cache(**mutate(a))
+
+
+def test_zero_tokens_is_a_no_op():
+    q, k, cache, _ = _args(T=0)
+    sgljit.ops.apply_rope(q, k, cache, torch.zeros(0, dtype=torch.int64))
+
+
+def test_custom_op_traces_on_cpu():
+    """torch.compile(fullgraph=True) through the custom op (reference backend, no inductor)."""
+    q, k, cache, pos = _args(T=5)
+    want_q, want_k = oracle(q, cache, pos, True), oracle(k, cache, pos, True)
+
+    def f(q, k):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+        return q * 1, k * 1
+
+    out_q, out_k = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k)
+    assert_close(out_q, want_q, torch.float32)
+    assert_close(out_k, want_k, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA: compile in CI (no GPU needed), then GPU-only behaviour
+
+
+def _load(spec):
+    if spec[0] == "rope":
+        return ops.cuda_module(*spec[1:])
+    return ops.cuda_kv_module(*spec[1:])
+
+
+def test_cuda_compiles(tmp_path_factory, monkeypatch):
+    from sgljit.toolchain import find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    if HAS_CUDA:
+        pytest.skip("the GPU tests build these modules for the GPU's own arch")
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path_factory.mktemp("rope_cuda_cache")))
+    ops.cuda_module.cache_clear()
+    ops.cuda_kv_module.cache_clear()
+    try:
+        # the bench's and the GPU tests' main specializations
+        for spec in (
+            ("rope", torch.bfloat16, torch.int64, 128, True, 8),
+            ("rope", torch.float32, torch.int64, 64, False, 4),
+            ("rope", torch.float16, torch.int32, 80, False, 8),
+            ("kv", torch.bfloat16, torch.int64, torch.int64, 128, 128, True, 8),
+            ("kv", torch.float16, torch.int32, torch.int32, 128, 64, False, 8),
+        ):
+            assert hasattr(
+                _load(spec), "apply_rope" if spec[0] == "rope" else "apply_rope_with_kv_cache"
+            )
+    finally:
+        ops.cuda_module.cache_clear()
+        ops.cuda_kv_module.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_misaligned_views_use_narrower_vectors():
+    torch.manual_seed(6)
+    T, Hq, Hk, D = 33, 4, 2, 128
+    cache = make_cache(500, D, "cuda")
+    pos = torch.randint(0, 500, (T,), device="cuda")
+    for shift in (4, 2):  # elements: 8-byte and 4-byte aligned starts
+        buf = torch.randn(T, (Hq + Hk) * D + shift, device="cuda").to(torch.bfloat16)
+        before = buf.clone()
+        q = buf[:, shift : shift + Hq * D]
+        k = buf[:, shift + Hq * D :]
+        assert ops._pick_vec((q.view(T, Hq, D), k.view(T, Hk, D)), cache, D, D) == shift
+        sgljit.ops.apply_rope(q, k, cache, pos)
+        assert_close(
+            q.view(T, Hq, D),
+            oracle(before[:, shift : shift + Hq * D].view(T, Hq, D), cache, pos, True),
+            torch.bfloat16,
+        )
+        assert_close(
+            k.view(T, Hk, D),
+            oracle(before[:, shift + Hq * D :].view(T, Hk, D), cache, pos, True),
+            torch.bfloat16,
+        )
+        assert torch.equal(buf[:, :shift], before[:, :shift])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_large_positions_and_many_tokens():
+    """int32 and int64 positions near max_pos on the bench shape (32/8 heads x 128), 65537 tokens."""
+    torch.manual_seed(7)
+    T, max_pos = 65537, 131072
+    cache = make_cache(max_pos, 128, "cuda")
+    q = torch.randn(T, 32, 128, device="cuda").to(torch.bfloat16)
+    k = torch.randn(T, 8, 128, device="cuda").to(torch.bfloat16)
+    pos = torch.randint(max_pos - 1000, max_pos, (T,), device="cuda")
+    want_q = ops.reference.rope_torch(q, k, cache, pos, True)
+    sgljit.ops.apply_rope(q, k, cache, pos)
+    # reference (fp32 math, one rounding) vs kernel: at most one bf16 ulp apart
+    torch.testing.assert_close(q.float(), want_q[0].float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(k.float(), want_q[1].float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_torch_compile_fullgraph():
+    torch.manual_seed(8)
+    T, Hq, Hk, D = 19, 8, 2, 128
+    cache = make_cache(1000, D, "cuda")
+    pos = torch.randint(0, 1000, (T,), device="cuda")
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, device="cuda").to(torch.bfloat16)
+    kc = torch.full((64, Hk, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    loc = torch.randperm(64, device="cuda")[:T]
+
+    def f(qkv, kc, vc):
+        q = qkv[:, : Hq * D]
+        k = qkv[:, Hq * D : (Hq + Hk) * D]
+        v = qkv[:, (Hq + Hk) * D :]
+        sgljit.ops.apply_rope(q, k, cache, pos)
+        q2 = q.view(T, Hq, D) * 2
+        sgljit.ops.apply_rope_with_kv_cache(q2, k, v, kc, vc, cache, pos, loc)
+        return q2 + 0
+
+    eager = (qkv.clone(), kc.clone(), vc.clone())
+    want = f(*eager)
+    got_args = (qkv.clone(), kc.clone(), vc.clone())
+    got = torch.compile(f, fullgraph=True)(*got_args)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_args, eager, strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_graph_capture_and_replay():
+    torch.manual_seed(9)
+    T, Hq, Hk, D = 5, 32, 8, 128
+    cache = make_cache(4096, D, "cuda")
+    pos = torch.zeros(T, dtype=torch.int64, device="cuda")
+    loc = torch.zeros(T, dtype=torch.int64, device="cuda")
+    q = torch.empty(T, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(T, Hk, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.empty_like(k)
+    q2 = torch.empty_like(q)
+    kc = torch.empty(100, Hk, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.empty_like(kc)
+    # warm up (builds the modules) on a side stream, then capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+        sgljit.ops.apply_rope_with_kv_cache(q2, k, v, kc, vc, cache, pos, loc)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+        sgljit.ops.apply_rope_with_kv_cache(q2, k, v, kc, vc, cache, pos, loc)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        q2.copy_(torch.randn_like(q2))
+        kc.fill_(float("nan"))
+        vc.fill_(float("nan"))
+        pos.copy_(torch.randint(0, 4096, (T,)))
+        loc.copy_(torch.randperm(100)[:T])
+        q0, k0, q20 = q.clone(), k.clone(), q2.clone()
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(q, oracle(q0, cache, pos, True), torch.bfloat16)
+        assert_close(k, oracle(k0, cache, pos, True), torch.bfloat16)
+        assert_close(q2, oracle(q20, cache, pos, True), torch.bfloat16)
+        # k was rotated in place by the first op, then stored rotated again by the second
+        assert_close(kc[loc], oracle(k, cache, pos, True), torch.bfloat16)
+        assert torch.equal(vc[loc], v)
+
+
+def test_prebuild_specs_resolve():
+    specs = ops.prebuild_specs("cuda")
+    assert specs and all({"label", "loader", "kwargs"} <= set(s) for s in specs)
+    assert ops.prebuild_specs("sycl")
+    assert os.path.isfile(os.path.join(os.path.dirname(ops.__file__), "csrc", "rope.cuh"))
