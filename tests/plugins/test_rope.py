@@ -9,7 +9,6 @@ caches, out-of-range indices, torch.compile(fullgraph=True) and CUDA-graph captu
 from __future__ import annotations
 
 import contextlib
-import os
 
 import pytest
 import torch
@@ -552,7 +551,14 @@ def test_cuda_graph_capture_and_replay():
 
 
 def test_prebuild_specs_resolve():
-    specs = ops.prebuild_specs("cuda")
-    assert specs and all({"label", "loader", "kwargs"} <= set(s) for s in specs)
-    assert ops.prebuild_specs("sycl")
-    assert os.path.isfile(os.path.join(os.path.dirname(ops.__file__), "csrc", "rope.cuh"))
+    import inspect
+
+    for backend in ("cuda", "sycl"):
+        specs = ops.prebuild_specs(backend)
+        assert specs and all("op" in s for s in specs)
+        for spec in specs:  # every spec binds to its loader's signature
+            loader = {"apply_rope": ops.cuda_module, "apply_rope_with_kv_cache": ops.cuda_kv_module,
+                      "rope": ops.sycl_module}[spec["op"]]  # fmt: skip
+            inspect.signature(loader).bind(**{k: v for k, v in spec.items() if k != "op"})
+    with pytest.raises(ValueError, match="no 'sycl' module"):
+        ops.prebuild("sycl", "apply_rope")

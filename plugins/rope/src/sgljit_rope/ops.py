@@ -108,57 +108,40 @@ def sycl_module(
     )
 
 
-def prebuild_specs(backend: str = "cuda") -> list[dict]:
+def prebuild_specs(backend: str) -> list[dict]:
     """Specializations a serving fleet needs on ``backend`` ("cuda" or "sycl"): bf16/fp16, common
-    head sizes, int64 indices, full 16-byte vectors. Each is ``{"label", "loader", "kwargs"}``;
-    ``prebuild(spec)`` (or ``sgljit build``) builds one."""
+    head sizes, int64 indices, full 16-byte vectors; build one with ``prebuild(backend, **spec)``.
+    Each spec is ``{"op": ..., **loader arguments}`` (dtypes by name)."""
     specs: list[dict] = []
     for dtype in ("bfloat16", "float16"):
         for head_dim, rot in ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64)):
             kv = dict(dtype=dtype, idx_dtype="int64", loc_dtype="int64", head_dim=head_dim,
                       rotary_dim=rot, vec=8)  # fmt: skip
             for is_neox in (True, False):
-                style = "neox" if is_neox else "gptj"
                 if backend == "cuda":
-                    specs.append({
-                        "label": f"apply_rope {dtype} rot={rot} {style}",
-                        "loader": "sgljit_rope.ops:cuda_module",
-                        "kwargs": dict(dtype=dtype, idx_dtype="int64", rotary_dim=rot,
-                                       is_neox=is_neox, vec=8),
-                    })  # fmt: skip
+                    specs.append(dict(op="apply_rope", dtype=dtype, idx_dtype="int64",
+                                      rotary_dim=rot, is_neox=is_neox, vec=8))  # fmt: skip
                     if is_neox:
-                        specs.append({
-                            "label": f"apply_rope_with_kv_cache {dtype} D={head_dim} rot={rot} {style}",
-                            "loader": "sgljit_rope.ops:cuda_kv_module",
-                            "kwargs": {**kv, "is_neox": is_neox},
-                        })  # fmt: skip
+                        specs.append(dict(op="apply_rope_with_kv_cache", **kv, is_neox=True))
                 elif backend == "sycl":
-                    specs.append({
-                        "label": f"rope {dtype} D={head_dim} rot={rot} {style}",
-                        "loader": "sgljit_rope.ops:sycl_module",
-                        "kwargs": {**kv, "is_neox": is_neox},
-                    })  # fmt: skip
-    # de-duplicate (apply_rope does not depend on head_dim)
-    seen, out = set(), []
+                    specs.append(dict(op="rope", **kv, is_neox=is_neox))
+    out: list[dict] = []  # apply_rope does not depend on head_dim: drop repeats
     for spec in specs:
-        key = (spec["loader"], tuple(sorted(spec["kwargs"].items())))
-        if key not in seen:
-            seen.add(key)
+        if spec not in out:
             out.append(spec)
     return out
 
 
-def prebuild(spec: dict):
-    """Build (or fetch from the cache) the module of one ``prebuild_specs()`` entry."""
-    loaders = {
-        "cuda_module": cuda_module,
-        "cuda_kv_module": cuda_kv_module,
-        "sycl_module": sycl_module,
-    }
-    name = spec["loader"].rpartition(":")[2]
-    if name not in loaders:
-        raise ValueError(f"prebuild: unknown loader {spec['loader']!r}")
-    return loaders[name](*spec.get("args", ()), **spec.get("kwargs", {}))
+def prebuild(backend: str, op: str, **spec):
+    """Build (or load from the cache) one ``prebuild_specs(backend)`` entry; returns the module."""
+    loader = {
+        ("cuda", "apply_rope"): cuda_module,
+        ("cuda", "apply_rope_with_kv_cache"): cuda_kv_module,
+        ("sycl", "rope"): sycl_module,
+    }.get((backend, op))
+    if loader is None:
+        raise ValueError(f"prebuild: no {backend!r} module for op {op!r}")
+    return loader(**spec)
 
 
 # ------------------------------------------------------------------------------------------------
