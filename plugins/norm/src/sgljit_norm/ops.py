@@ -41,14 +41,21 @@ _MAX_VECS_PER_ROW = 4096  # csrc/norm.cuh kMaxVecsPerRow
 # ------------------------------------------------------------------------------------------------
 # Module loaders
 
-_CUDA_TARGETS = {
-    "rmsnorm": "sgljit_norm::RMSNorm<{t}, {h}, false>::run",
-    "gemma_rmsnorm": "sgljit_norm::RMSNorm<{t}, {h}, true>::run",
-    "fused_add_rmsnorm": "sgljit_norm::FusedAddRMSNorm<{t}, {h}, false>::run",
-    "gemma_fused_add_rmsnorm": "sgljit_norm::FusedAddRMSNorm<{t}, {h}, true>::run",
-    "qknorm": "sgljit_norm::QKNorm<{t}, {h}>::run",
-    "qknorm_across_heads": "sgljit_norm::QKNormAcrossHeads<{t}, {h}, {h2}>::run",
+# CUDA modules: "rows" (rmsnorm, fused add and their Gemma forms share a module per dtype and width:
+# a model uses several of them at one width), "qknorm" (per head dim), "qknorm_across_heads".
+_CUDA_EXPORTS = {
+    "rows": {
+        "rmsnorm": "sgljit_norm::RMSNorm<{t}, {h}, false>::run",
+        "gemma_rmsnorm": "sgljit_norm::RMSNorm<{t}, {h}, true>::run",
+        "fused_add_rmsnorm": "sgljit_norm::FusedAddRMSNorm<{t}, {h}, false>::run",
+        "gemma_fused_add_rmsnorm": "sgljit_norm::FusedAddRMSNorm<{t}, {h}, true>::run",
+    },
+    "qknorm": {"qknorm": "sgljit_norm::QKNorm<{t}, {h}>::run"},
+    "qknorm_across_heads": {
+        "qknorm_across_heads": "sgljit_norm::QKNormAcrossHeads<{t}, {h}, {h2}>::run"
+    },
 }
+_MODULE_OF = {op: kind for kind, exports in _CUDA_EXPORTS.items() for op in exports}
 
 
 def _dtype(value) -> torch.dtype:
@@ -71,29 +78,31 @@ def compiled_width(dtype, hidden: int) -> int:
 
 
 @sgljit.cache_once
-def cuda_module(op: str, dtype, hidden: int, hidden2: int = 0):
-    """CUDA module exporting ``<op>`` for rows of ``hidden`` elements (``qknorm``: the head dim;
-    ``qknorm_across_heads``: q's width, and ``hidden2`` k's). Width 0 builds only the generic
-    kernel. Pass widths through :func:`compiled_width`."""
-    if op not in _CUDA_TARGETS:
-        raise ValueError(f"cuda_module: unknown op {op!r}; expected one of {sorted(_CUDA_TARGETS)}")
+def cuda_module(kind: str, dtype, hidden: int, hidden2: int = 0):
+    """CUDA module of ``kind`` for rows of ``hidden`` elements: ``"rows"`` exports rmsnorm,
+    gemma_rmsnorm, fused_add_rmsnorm and gemma_fused_add_rmsnorm; ``"qknorm"`` (hidden = the head
+    dim) exports qknorm; ``"qknorm_across_heads"`` (hidden = q's width, hidden2 = k's) exports
+    qknorm_across_heads. Width 0 builds only the generic kernel (any width); pass widths through
+    :func:`compiled_width`."""
+    if kind not in _CUDA_EXPORTS:
+        raise ValueError(
+            f"cuda_module: unknown kind {kind!r}; expected one of {sorted(_CUDA_EXPORTS)}"
+        )
     t = str(sgljit.make_cpp_args(_dtype(dtype)))
-    target = _CUDA_TARGETS[op].format(t=t, h=int(hidden), h2=int(hidden2))
-    markers = ("norm", op, t, int(hidden)) + (
-        (int(hidden2),) if op == "qknorm_across_heads" else ()
-    )
+    hidden, hidden2 = int(hidden), int(hidden2)
+    wrappers = [
+        (op, target.format(t=t, h=hidden, h2=hidden2)) for op, target in _CUDA_EXPORTS[kind].items()
+    ]
+    markers = ("norm", kind, t, hidden) + ((hidden2,) if kind == "qknorm_across_heads" else ())
     return sgljit.load_jit(
-        *markers,
-        cuda_files=["norm.cuh"],
-        source_dir=_HERE / "csrc",
-        cuda_wrappers=[(op, target)],
+        *markers, cuda_files=["norm.cuh"], source_dir=_HERE / "csrc", cuda_wrappers=wrappers
     )
 
 
 @sgljit.cache_once
 def cuda_function(op: str, dtype, hidden: int, hidden2: int = 0):
-    """The exported function of :func:`cuda_module` (looked up once)."""
-    return getattr(cuda_module(op, dtype, hidden, hidden2), op)
+    """The function ``op`` of its :func:`cuda_module` (looked up once)."""
+    return getattr(cuda_module(_MODULE_OF[op], dtype, hidden, hidden2), op)
 
 
 @sgljit.cache_once
@@ -126,14 +135,12 @@ def _sycl_work_group(num_vec: int) -> int:
 
 def prebuild_specs() -> list[dict]:
     """Specializations a serving fleet needs (bf16/fp16, common hidden sizes and head dims), as
-    dicts of :func:`prebuild`'s arguments; build one with ``prebuild(backend, **spec)``."""
+    dicts of :func:`prebuild`'s arguments; build one with ``prebuild(backend, **spec)``. One
+    ``rmsnorm`` entry builds the module shared by the four row ops at that width."""
     specs: list[dict] = []
-    hiddens = (1024, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 12288, 16384)
+    hiddens = (1024, 2048, 2304, 2560, 3072, 3584, 3840, 4096, 5120, 5376, 6144, 7168, 8192, 16384)
     for dtype in ("bfloat16", "float16"):
-        for op in ("rmsnorm", "fused_add_rmsnorm"):
-            specs += [dict(op=op, dtype=dtype, hidden=h) for h in hiddens]
-        for op in ("gemma_rmsnorm", "gemma_fused_add_rmsnorm"):
-            specs += [dict(op=op, dtype=dtype, hidden=h) for h in (2304, 2560, 3584, 3840, 5376)]
+        specs += [dict(op="rmsnorm", dtype=dtype, hidden=h) for h in hiddens]
         specs += [dict(op="qknorm", dtype=dtype, hidden=d) for d in (64, 128, 256)]
         specs += [
             dict(op="qknorm_across_heads", dtype=dtype, hidden=wq, hidden2=wk)
@@ -142,19 +149,25 @@ def prebuild_specs() -> list[dict]:
     return specs
 
 
+def _across_widths(dtype, wq: int, wk: int) -> tuple[int, int]:
+    """Compiled widths of a qknorm_across_heads module: both fast, or both generic (0)."""
+    wq, wk = compiled_width(dtype, wq), compiled_width(dtype, wk)
+    return (wq, wk) if wq and wk else (0, 0)
+
+
 def prebuild(backend: str, op: str, dtype, hidden: int, hidden2: int = 0):
     """Build (or fetch from the cache) the module of one :func:`prebuild_specs` entry."""
+    if backend not in ("cuda", "sycl"):
+        raise ValueError(f"prebuild: backend must be 'cuda' or 'sycl', got {backend!r}")
+    if op not in _MODULE_OF:
+        raise ValueError(f"prebuild: unknown op {op!r}; expected one of {sorted(_MODULE_OF)}")
     if backend == "cuda":
         if op == "qknorm_across_heads":
-            return cuda_module(
-                op, dtype, compiled_width(dtype, hidden), compiled_width(dtype, hidden2)
-            )
-        return cuda_module(op, dtype, compiled_width(dtype, hidden))
-    if backend == "sycl":
-        vec = 16 // _dtype(dtype).itemsize
-        mods = [sycl_module(dtype, h, vec if h % vec == 0 else 1) for h in (hidden, hidden2) if h]
-        return mods[0] if len(mods) == 1 else mods
-    raise ValueError(f"prebuild: backend must be 'cuda' or 'sycl', got {backend!r}")
+            return cuda_module(_MODULE_OF[op], dtype, *_across_widths(dtype, hidden, hidden2))
+        return cuda_module(_MODULE_OF[op], dtype, compiled_width(dtype, hidden))
+    vec = 16 // _dtype(dtype).itemsize
+    mods = [sycl_module(dtype, h, vec if h % vec == 0 else 1) for h in (hidden, hidden2) if h]
+    return mods[0] if len(mods) == 1 else mods
 
 
 # ------------------------------------------------------------------------------------------------
@@ -323,9 +336,7 @@ def _qknorm_across_heads(
 
 @_qknorm_across_heads.register("cuda")
 def _(q, k, q_weight, k_weight, eps):
-    wq, wk = compiled_width(q.dtype, q.shape[-1]), compiled_width(q.dtype, k.shape[-1])
-    if wq == 0 or wk == 0:  # one generic kernel serves both
-        wq = wk = 0
+    wq, wk = _across_widths(q.dtype, q.shape[-1], k.shape[-1])
     cuda_function("qknorm_across_heads", q.dtype, wq, wk)(q, k, q_weight, k_weight, eps)
 
 

@@ -74,8 +74,10 @@ struct RowConfig {
   static constexpr bool kPrefetch = kVecsPerThread <= kTarget;
 };
 
+// Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
+// few rows over many SMs (latency at small T); at large T an SM holds 8+ of them.
 template <typename T, int kHA, int kHB, int kStreams>
-inline constexpr int kBlockThreads = std::max({256, RowConfig<T, kHA, kStreams>::kThreads,
+inline constexpr int kBlockThreads = std::max({128, RowConfig<T, kHA, kStreams>::kThreads,
                                                kHB > 0 ? RowConfig<T, kHB, kStreams>::kThreads : 1});
 
 inline constexpr int kGenericThreads = 256;
@@ -263,7 +265,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
 }
 
 template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB>
-__global__ void __launch_bounds__(kBlock, kHB > 0 ? 1 : 1024 / kBlock)
+__global__ void __launch_bounds__(kBlock, std::max(1, (kHB > 0 ? 768 : 1024) / kBlock))
     norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps) {
   __shared__ float red[2 * (kBlock / 32)];
   if (static_cast<int>(blockIdx.x) < grid_a) {

@@ -1,0 +1,216 @@
+"""RMSNorm family: sgljit vs torch eager, torch.compile and Liger (where it has the op).
+
+    python3 benchmarks/bench_norm.py                      # on a CUDA GPU; writes results/<gpu>/norm.md
+    python3 benchmarks/bench_norm.py --dry-run            # wiring check on the CPU
+
+Ops and shapes (bf16; inputs rotated so nothing is timed from L2):
+  rmsnorm, fused_add_rmsnorm     H=4096 at T = 1 .. 65536; H=8192 and H=16384 at a few T
+  gemma_rmsnorm                  H=4096 (Liger with offset 1, gemma casting)
+  qknorm                         q 32 heads, k 8 heads, D=128, strided views into one qkv buffer
+  qknorm_across_heads            q 4096, k 1024 wide, strided views into one qkv buffer
+Bytes: each input read once, each output written once (fused add: input, residual read and written).
+"""
+
+import sys
+
+import torch
+from harness import Case, Op, nbytes, run_family, standard_providers
+
+TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
+WIDE_TOKENS = (1, 128, 16384)
+EPS = 1e-6
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * (w.float() + offset)).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# rmsnorm / gemma_rmsnorm
+
+
+def rms_case(tokens: int, hidden: int, dtype: torch.dtype) -> Case:
+    def make_inputs(device):
+        x = torch.randn(tokens, hidden, dtype=dtype, device=device)
+        return {
+            "x": x,
+            "w": torch.randn(hidden, dtype=dtype, device=device),
+            "out": torch.empty_like(x),
+        }
+
+    return Case(
+        label=f"T={tokens} H={hidden}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=lambda i: nbytes(i["x"], i["w"], i["out"]),
+        series=f"H={hidden} {_name(dtype)}",
+    )
+
+
+def load_sgljit_rmsnorm():
+    import sgljit
+
+    f = sgljit.ops.rmsnorm
+    return lambda i: f(i["x"], i["w"], EPS, out=i["out"])
+
+
+def load_sgljit_gemma_rmsnorm():
+    import sgljit
+
+    f = sgljit.ops.gemma_rmsnorm
+    return lambda i: f(i["x"], i["w"], EPS, out=i["out"])
+
+
+def torch_rmsnorm(i):
+    return _rms(i["x"], i["w"], EPS)
+
+
+def torch_gemma_rmsnorm(i):
+    return _rms(i["x"], i["w"], EPS, offset=1.0)
+
+
+def load_liger_rmsnorm():
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return lambda i: LigerRMSNormFunction.apply(i["x"], i["w"], EPS)
+
+
+def load_liger_gemma_rmsnorm():
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return lambda i: LigerRMSNormFunction.apply(i["x"], i["w"], EPS, 1.0, "gemma")
+
+
+# ------------------------------------------------------------------------------------------------
+# fused_add_rmsnorm
+
+
+def fused_case(tokens: int, hidden: int, dtype: torch.dtype) -> Case:
+    def make_inputs(device):
+        return {
+            "x": torch.randn(tokens, hidden, dtype=dtype, device=device),
+            "r": torch.randn(tokens, hidden, dtype=dtype, device=device),
+            "w": torch.randn(hidden, dtype=dtype, device=device),
+        }
+
+    return Case(
+        label=f"T={tokens} H={hidden}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        # reads input, residual, weight; writes input, residual
+        bytes=lambda i: 2 * nbytes(i["x"], i["r"]) + nbytes(i["w"]),
+        series=f"H={hidden} {_name(dtype)}",
+    )
+
+
+def load_sgljit_fused():
+    import sgljit
+
+    f = sgljit.ops.fused_add_rmsnorm
+    return lambda i: f(i["x"], i["r"], i["w"], EPS)
+
+
+def torch_fused(i):
+    total = i["x"] + i["r"]
+    return _rms(total, i["w"], EPS), total
+
+
+def load_liger_fused():
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    return lambda i: LigerFusedAddRMSNormFunction.apply(i["x"], i["r"], i["w"], EPS)
+
+
+# ------------------------------------------------------------------------------------------------
+# qknorm / qknorm_across_heads (views into one fused qkv buffer, as attention layers have them)
+
+
+def qk_case(tokens: int, hq: int, hk: int, d: int, dtype: torch.dtype, per_head: bool) -> Case:
+    def make_inputs(device):
+        qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=dtype, device=device)
+        q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d]
+        if per_head:
+            q, k = q.view(tokens, hq, d), k.view(tokens, hk, d)
+        wq, wk = (d, d) if per_head else (hq * d, hk * d)
+        return {
+            "q": q,
+            "k": k,
+            "qw": torch.randn(wq, dtype=dtype, device=device),
+            "kw": torch.randn(wk, dtype=dtype, device=device),
+        }
+
+    shape = f"{hq}/{hk} heads x {d}"
+    return Case(
+        label=f"T={tokens}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=lambda i: 2 * nbytes(i["q"], i["k"]) + nbytes(i["qw"], i["kw"]),
+        series=f"{shape} {_name(dtype)}",
+    )
+
+
+def load_sgljit_qknorm():
+    import sgljit
+
+    f = sgljit.ops.qknorm
+    return lambda i: f(i["q"], i["k"], i["qw"], i["kw"], EPS)
+
+
+def load_sgljit_qknorm_across_heads():
+    import sgljit
+
+    f = sgljit.ops.qknorm_across_heads
+    return lambda i: f(i["q"], i["k"], i["qw"], i["kw"], EPS)
+
+
+def torch_qknorm(i):
+    return _rms(i["q"], i["qw"], EPS), _rms(i["k"], i["kw"], EPS)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def ops() -> list[Op]:
+    bf16 = torch.bfloat16
+    rms = [rms_case(t, 4096, bf16) for t in TOKENS]
+    rms += [rms_case(t, h, bf16) for h in (8192, 16384) for t in WIDE_TOKENS]
+    fused = [fused_case(t, 4096, bf16) for t in TOKENS]
+    fused += [fused_case(t, h, bf16) for h in (8192, 16384) for t in WIDE_TOKENS]
+    gemma = [rms_case(t, 4096, bf16) for t in (1, 128, 16384, 65536)]
+    qk = [qk_case(t, 32, 8, 128, bf16, True) for t in TOKENS]
+    across = [qk_case(t, 32, 8, 128, bf16, False) for t in TOKENS]
+    return [
+        Op(
+            "rmsnorm",
+            rms,
+            standard_providers(load_sgljit_rmsnorm, torch_rmsnorm, load_liger_rmsnorm),
+        ),
+        Op(
+            "fused_add_rmsnorm",
+            fused,
+            standard_providers(load_sgljit_fused, torch_fused, load_liger_fused),
+        ),
+        Op(
+            "gemma_rmsnorm",
+            gemma,
+            standard_providers(
+                load_sgljit_gemma_rmsnorm, torch_gemma_rmsnorm, load_liger_gemma_rmsnorm
+            ),
+        ),
+        Op("qknorm", qk, standard_providers(load_sgljit_qknorm, torch_qknorm)),
+        Op(
+            "qknorm_across_heads",
+            across,
+            standard_providers(load_sgljit_qknorm_across_heads, torch_qknorm),
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(run_family("norm", ops()))

@@ -1,0 +1,638 @@
+"""sgljit-norm: rmsnorm, fused_add_rmsnorm, gemma variants, qknorm, qknorm_across_heads.
+
+Every backend (reference on CPU, SYCL on the SYCL CPU device, CUDA on a GPU) is checked against an
+independent float64 formula on random data, with outputs poisoned (NaN) beforehand. Without a GPU, the
+CUDA modules the GPU tests use are compiled for sm_90a (a compile-only check).
+"""
+
+import concurrent.futures
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import sgljit
+from sgljit_norm import ops, reference
+
+HAS_CUDA = torch.cuda.is_available()
+
+try:
+    from sgljit import sycl as _sycl
+
+    _sycl.find_runtime()
+    HAS_SYCL = True
+except Exception:  # SYCLRuntimeNotFound (or sgljit built without the SYCL module)
+    HAS_SYCL = False
+
+BACKENDS = [
+    "reference",
+    pytest.param("sycl", marks=pytest.mark.sycl),
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+TOL = {FP32: (1e-5, 1e-5), FP16: (4e-3, 4e-3), BF16: (2e-2, 2e-2)}  # (rtol, atol)
+
+# Row widths per backend: (dtype, H). CUDA covers every kernel shape: a 1-lane group (bf16 8, fp32 12),
+# a full warp (bf16 1024), multi-warp groups with idle threads (bf16 2056 = 257 vectors), the
+# benchmark width, a 1024-thread group (bf16 16384), fp32 16384 (no prefetch, weight from L1), and
+# widths that take the generic kernel (bf16 100, bf16 32776 > 4096 vectors, fp32 1001).
+ROW_CASES = {
+    "reference": [(BF16, 8), (FP16, 100), (FP32, 1024)],
+    "sycl": [(BF16, 8), (BF16, 1024), (FP16, 100), (FP32, 2056)],
+    "cuda": [
+        (BF16, 8),
+        (BF16, 1024),
+        (BF16, 2056),
+        (BF16, 4096),
+        (BF16, 16384),
+        (FP16, 5120),
+        (FP32, 12),
+        (FP32, 16384),
+        (BF16, 100),
+        (BF16, 32776),
+        (FP32, 1001),
+    ],
+}
+TOKENS = {"reference": (1, 7, 33), "sycl": (1, 7, 33), "cuda": (1, 7, 4109)}
+GEMMA_CASES = {
+    "reference": [(BF16, 64)],
+    "sycl": [(BF16, 1024), (FP32, 100)],
+    "cuda": [(BF16, 4096), (FP16, 5120), (FP32, 1001)],
+}
+QK_CASES = {  # (dtype, head_dim)
+    "reference": [(BF16, 128), (FP32, 64)],
+    "sycl": [(BF16, 128), (FP32, 64)],
+    "cuda": [(BF16, 64), (BF16, 128), (BF16, 256), (BF16, 512), (BF16, 1024), (FP16, 128)],
+}
+ACROSS_CASES = {  # (dtype, q width, k width)
+    "reference": [(BF16, 256, 128)],
+    "sycl": [(BF16, 512, 128), (FP32, 1000, 200)],
+    "cuda": [(BF16, 4096, 1024), (FP32, 1000, 202)],
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+
+@pytest.fixture(scope="session")
+def norm_cache(tmp_path_factory):
+    """One module cache for the whole session: modules compile once and are shared by the tests."""
+    path = os.environ.get("SGLJIT_CACHE_DIR") or str(tmp_path_factory.mktemp("norm-cache"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLJIT_CACHE_DIR", path)
+        yield path
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cuda_specs() -> list[dict]:
+    """Every CUDA module the GPU tests use, as ``prebuild`` arguments (one per distinct module)."""
+    specs = [dict(op="rmsnorm", dtype=_name(dt), hidden=h) for dt, h in ROW_CASES["cuda"]]
+    specs += [dict(op="rmsnorm", dtype=_name(dt), hidden=h) for dt, h in GEMMA_CASES["cuda"]]
+    specs += [dict(op="qknorm", dtype=_name(dt), hidden=d) for dt, d in QK_CASES["cuda"]]
+    specs += [
+        dict(op="qknorm_across_heads", dtype=_name(dt), hidden=wq, hidden2=wk)
+        for dt, wq, wk in ACROSS_CASES["cuda"]
+    ]
+    unique = {}
+    for s in specs:
+        unique.setdefault(_module_key(s), s)
+    return list(unique.values())
+
+
+def _module_key(spec: dict) -> tuple:
+    dtype, h, h2 = spec["dtype"], spec["hidden"], spec.get("hidden2", 0)
+    kind = ops._MODULE_OF[spec["op"]]
+    if kind == "qknorm_across_heads":
+        return (kind, dtype, *ops._across_widths(dtype, h, h2))
+    return (kind, dtype, ops.compiled_width(dtype, h), 0)
+
+
+_BUILD = (
+    "import json, sys; from sgljit_norm import ops; ops.prebuild('cuda', **json.loads(sys.argv[1]))"
+)
+
+
+def _build_one(spec: dict) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILD, json.dumps(spec)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, f"building {spec} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def _prebuild_parallel(specs: list[dict]) -> None:
+    """Compile modules in parallel processes (builds inside one process are serialized); the
+    session's cache then serves them to this process without compiling."""
+    workers = max(1, min(len(specs), os.cpu_count() or 2, 8))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for fut in [pool.submit(_build_one, s) for s in specs]:
+            fut.result()
+
+
+def _has_nvcc() -> bool:
+    from sgljit.toolchain import find_nvcc
+
+    return find_nvcc() is not None
+
+
+@pytest.fixture(scope="session")
+def cuda_modules(norm_cache):
+    """GPU tests: build every module they use up front, in parallel."""
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    _prebuild_parallel(_cuda_specs())
+
+
+@pytest.fixture
+def backend_env(request, norm_cache):
+    """(device, context manager) for the backend given by the test's ``backend`` parameter."""
+    backend = request.node.callspec.params["backend"]
+    if backend == "cuda":
+        if not HAS_CUDA:
+            pytest.skip("needs a CUDA GPU")
+        request.getfixturevalue("cuda_modules")
+        return "cuda", contextlib.nullcontext
+    if backend == "sycl":
+        if not HAS_SYCL:
+            pytest.skip("SYCL runtime not installed")
+        return "cpu", lambda: sgljit.use_backend("sycl")
+    return "cpu", lambda: sgljit.use_backend("reference")
+
+
+def _gen(device: str, seed: int) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def _randn(shape, dtype, device, seed, scale=1.0):
+    """Random normal data, never exactly zero (shifted away from 0)."""
+    x = torch.randn(shape, generator=_gen(device, seed), device=device, dtype=torch.float32) * scale
+    x = torch.where(x.abs() < 1e-3, torch.full_like(x, 1e-3), x)
+    return x.to(dtype)
+
+
+def _oracle(x: torch.Tensor, w: torch.Tensor, eps: float, gemma: bool = False) -> torch.Tensor:
+    """Independent float64 formula: x / sqrt(mean(x^2) + eps) * w."""
+    xd, wd = x.double(), w.double()
+    if gemma:
+        wd = 1.0 + wd
+    return xd / torch.sqrt((xd * xd).sum(-1, keepdim=True) / x.shape[-1] + eps) * wd
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert not torch.isnan(actual).any(), f"{what}: NaN left in the output (unwritten elements?)"
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol, msg=what)
+
+
+def _poison(shape, dtype, device) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _id(case) -> str:
+    return "-".join(str(c).removeprefix("torch.") for c in case)
+
+
+def _backend_cases(table: dict, *extra):
+    """[(backend, case, *extra)] over every backend's own case list, with the backend's marks."""
+    out = []
+    for b in BACKENDS:
+        name = b if isinstance(b, str) else b.values[0]
+        marks = () if isinstance(b, str) else b.marks
+        for case in table[name]:
+            ident = "-".join([name, _id(case), *map(str, extra)])
+            out.append(pytest.param(name, case, *extra, marks=marks, id=ident))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Numerics
+
+
+@pytest.mark.parametrize(
+    ("backend", "case", "gemma"),
+    _backend_cases(ROW_CASES, False) + _backend_cases(GEMMA_CASES, True),
+)
+def test_rmsnorm(backend, case, gemma, backend_env):
+    device, ctx = backend_env
+    dtype, h = case
+    fn = ops.gemma_rmsnorm if gemma else ops.rmsnorm
+    w = _randn((h,), dtype, device, 1, scale=0.5 if gemma else 1.0)
+    for t in TOKENS[backend]:
+        x = _randn((t, h), dtype, device, 100 + t, scale=2.0)
+        out = _poison((t, h), dtype, device)
+        with ctx():
+            ret = fn(x, w, 1e-6, out=out)
+        assert ret is out
+        _close(out, _oracle(x, w, 1e-6, gemma), dtype, f"{fn.__name__} T={t} H={h} {dtype}")
+        with ctx():
+            fresh = fn(x, w, eps=1e-5)
+        _close(fresh, _oracle(x, w, 1e-5, gemma), dtype, f"{fn.__name__} T={t} H={h} (allocated)")
+
+
+@pytest.mark.parametrize(
+    ("backend", "case", "gemma"),
+    _backend_cases(ROW_CASES, False) + _backend_cases(GEMMA_CASES, True),
+)
+def test_fused_add_rmsnorm(backend, case, gemma, backend_env):
+    _check_fused(backend, case, gemma, backend_env)
+
+
+def _check_fused(backend, case, gemma, backend_env):
+    device, ctx = backend_env
+    dtype, h = case
+    fn = ops.gemma_fused_add_rmsnorm if gemma else ops.fused_add_rmsnorm
+    w = _randn((h,), dtype, device, 2, scale=0.5 if gemma else 1.0)
+    for t in TOKENS[backend]:
+        x = _randn((t, h), dtype, device, 200 + t)
+        r = _randn((t, h), dtype, device, 300 + t, scale=3.0)
+        total = (x.double() + r.double()).to(dtype)  # the residual, rounded to the dtype
+        expected = _oracle(total, w, 1e-6, gemma)
+        with ctx():
+            assert fn(x, r, w, 1e-6) is None
+        what = f"{fn.__name__} T={t} H={h} {dtype}"
+        torch.testing.assert_close(
+            r.double(), total.double(), rtol=0, atol=0, msg=what + " residual"
+        )
+        _close(x, expected, dtype, what + " output")
+
+
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(QK_CASES))
+def test_qknorm_fused_qkv_views(backend, case, backend_env):
+    """q and k are strided views into one qkv buffer; v and the padding stay untouched."""
+    device, ctx = backend_env
+    dtype, d = case
+    heads = [(32, 8), (5, 1)] if backend == "cuda" and d <= 256 else [(4, 2), (3, 1)]
+    qw = _randn((d,), dtype, device, 3)
+    kw = _randn((d,), dtype, device, 4)
+    for hq, hk in heads:
+        for t in TOKENS[backend]:
+            width = (hq + 2 * hk) * d + 8  # 8 elements of padding keep 16-byte row alignment
+            qkv = _randn((t, width), dtype, device, 400 + t + hq)
+            before = qkv.clone()
+            q = qkv[:, : hq * d].view(t, hq, d)
+            k = qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+            eq, ek = _oracle(q, qw, 1e-6), _oracle(k, kw, 1e-6)
+            with ctx():
+                assert ops.qknorm(q, k, qw, kw, 1e-6) is None
+            what = f"qknorm T={t} Hq={hq} Hk={hk} D={d} {dtype}"
+            _close(q, eq, dtype, what + " q")
+            _close(k, ek, dtype, what + " k")
+            assert torch.equal(qkv[:, (hq + hk) * d :], before[:, (hq + hk) * d :]), what + " v"
+
+
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(ACROSS_CASES))
+def test_qknorm_across_heads(backend, case, backend_env):
+    device, ctx = backend_env
+    dtype, wq, wk = case
+    qw = _randn((wq,), dtype, device, 5)
+    kw = _randn((wk,), dtype, device, 6)
+    for t in TOKENS[backend]:
+        qkv = _randn((t, wq + 2 * wk + 8), dtype, device, 500 + t)
+        before = qkv.clone()
+        q, k = qkv[:, :wq], qkv[:, wq : wq + wk]
+        eq, ek = _oracle(q, qw, 1e-6), _oracle(k, kw, 1e-6)
+        with ctx():
+            assert ops.qknorm_across_heads(q, k, qw, kw, 1e-6) is None
+        what = f"qknorm_across_heads T={t} {wq}/{wk} {dtype}"
+        _close(q, eq, dtype, what + " q")
+        _close(k, ek, dtype, what + " k")
+        assert torch.equal(qkv[:, wq + wk :], before[:, wq + wk :]), what + " v"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_and_nd_views(backend, backend_env):
+    """Rows of a wider buffer (input, out), 3-D inputs, and an out view whose surroundings stay NaN."""
+    device, ctx = backend_env
+    dtype, h = (BF16, 1024)
+    t = 4109 if backend == "cuda" else 33
+    w = _randn((h,), dtype, device, 7)
+    buf = _randn((t, h + 64), dtype, device, 8)
+    x = buf[:, 32 : 32 + h]  # row stride h + 64, 16-byte aligned
+    out_buf = _poison((t, 2 * h), dtype, device)
+    out = out_buf[:, h:]
+    with ctx():
+        ops.rmsnorm(x, w, out=out)
+    _close(out, _oracle(x, w, 1e-6), dtype, "strided rmsnorm")
+    assert torch.isnan(out_buf[:, :h]).all(), "rmsnorm wrote outside its out view"
+
+    x3 = _randn((3, 5, h), dtype, device, 9)
+    with ctx():
+        y3 = ops.rmsnorm(x3, w)
+    assert y3.shape == x3.shape
+    _close(y3, _oracle(x3, w, 1e-6), dtype, "3-D rmsnorm")
+    # leading dimensions that do not collapse into one stride: the input is copied first
+    x_nc = _randn((5, 3, h), dtype, device, 10).transpose(0, 1)
+    with ctx():
+        y_nc = ops.rmsnorm(x_nc, w)
+    _close(y_nc, _oracle(x_nc, w, 1e-6), dtype, "non-collapsible rmsnorm")
+
+    # fused add on strided rows of two buffers
+    xb = _randn((t, h + 16), dtype, device, 11)
+    rb = _randn((t, 2 * h), dtype, device, 12)
+    xv, rv = xb[:, 16:], rb[:, :h]
+    total = (xv.double() + rv.double()).to(dtype)
+    expected = _oracle(total, w, 1e-6)
+    xb_before, rb_before = xb.clone(), rb.clone()
+    with ctx():
+        ops.fused_add_rmsnorm(xv, rv, w)
+    torch.testing.assert_close(rv.double(), total.double(), rtol=0, atol=0)
+    _close(xv, expected, dtype, "strided fused_add_rmsnorm")
+    assert torch.equal(xb[:, :16], xb_before[:, :16]) and torch.equal(rb[:, h:], rb_before[:, h:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_misaligned_rows_take_the_generic_path(backend, backend_env):
+    """Views starting 1 element into a buffer are not 16-byte aligned: still correct."""
+    device, ctx = backend_env
+    dtype, h = (FP16, 5120) if backend == "cuda" else (FP16, 100)
+    t = 7
+    w = _randn((h,), dtype, device, 13)
+    buf = _randn((t, h + 3), dtype, device, 14)
+    x = buf[:, 1 : 1 + h]
+    with ctx():
+        y = ops.rmsnorm(x, w)
+    _close(y, _oracle(x, w, 1e-6), dtype, "misaligned rmsnorm")
+    rbuf = _randn((t, h + 1), dtype, device, 15)
+    xs, rs = x.clone(), rbuf[:, 1:]
+    total = (xs.double() + rs.double()).to(dtype)
+    with ctx():
+        ops.fused_add_rmsnorm(xs, rs, w)
+    torch.testing.assert_close(rs.double(), total.double(), rtol=0, atol=0)
+    _close(xs, _oracle(total, w, 1e-6), dtype, "misaligned fused_add_rmsnorm")
+
+
+def test_reference_matches_float64():
+    """The reference itself (the CPU path) against the float64 formula, fp32 and bf16."""
+    for dtype in (FP32, BF16):
+        x = _randn((9, 96), dtype, "cpu", 16, scale=3.0)
+        w = _randn((96,), dtype, "cpu", 17)
+        out = _poison((9, 96), dtype, "cpu")
+        reference.rmsnorm_into(x, w, out, 1e-6)
+        _close(out, _oracle(x, w, 1e-6), dtype, f"reference {dtype}")
+        reference.rmsnorm_into(x, w, out, 1e-6, gemma=True)
+        _close(out, _oracle(x, w, 1e-6, True), dtype, f"reference gemma {dtype}")
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA only: many rows, torch.compile, CUDA graphs
+
+
+@pytest.mark.gpu
+def test_cuda_many_rows(backend_env_cuda):
+    """Grid-stride loops: far more row groups than resident blocks."""
+    w8 = _randn((8,), BF16, "cuda", 18)
+    x = _randn((300007, 8), BF16, "cuda", 19)
+    out = _poison(x.shape, BF16, "cuda")
+    ops.rmsnorm(x, w8, out=out)
+    _close(out, _oracle(x, w8, 1e-6), BF16, "rmsnorm 300007x8")
+    w = _randn((1024,), BF16, "cuda", 20)
+    a = _randn((70001, 1024), BF16, "cuda", 21)
+    r = _randn((70001, 1024), BF16, "cuda", 22)
+    total = (a.double() + r.double()).to(BF16)
+    ops.fused_add_rmsnorm(a, r, w)
+    torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
+    _close(a, _oracle(total, w, 1e-6), BF16, "fused_add_rmsnorm 70001x1024")
+
+
+@pytest.fixture
+def backend_env_cuda(norm_cache):
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    _prebuild_parallel(_cuda_specs())
+
+
+@pytest.mark.gpu
+def test_cuda_torch_compile_fullgraph(backend_env_cuda):
+    h, d = 4096, 128
+    w = _randn((h,), BF16, "cuda", 23)
+    qw, kw = _randn((d,), BF16, "cuda", 24), _randn((d,), BF16, "cuda", 25)
+
+    def layer(x, residual, qkv):
+        y = sgljit.ops.rmsnorm(x, w, 1e-6)
+        sgljit.ops.fused_add_rmsnorm(x, residual, w, 1e-6)
+        q = qkv[:, : 32 * d].view(-1, 32, d)
+        k = qkv[:, 32 * d : 40 * d].view(-1, 8, d)
+        sgljit.ops.qknorm(q, k, qw, kw, 1e-6)
+        return y * 2, x + 1
+
+    for name in ("rmsnorm", "fused_add_rmsnorm", "qknorm"):
+        getattr(sgljit.ops, name)  # resolve the lazy namespace eagerly
+    compiled = torch.compile(layer, fullgraph=True)
+    for t in (7, 129):
+        x = _randn((t, h), BF16, "cuda", 26 + t)
+        r = _randn((t, h), BF16, "cuda", 27 + t)
+        qkv = _randn((t, 48 * d), BF16, "cuda", 28 + t)
+        xe, re, qkve = x.clone(), r.clone(), qkv.clone()
+        y, x1 = compiled(x, r, qkv)
+        with sgljit.use_backend("reference"):
+            ye, x1e = layer(xe, re, qkve)
+        _close(y, ye, BF16, "compiled rmsnorm")
+        _close(x1, x1e, BF16, "compiled fused_add_rmsnorm (returned)")
+        _close(x, xe, BF16, "compiled fused_add_rmsnorm input (mutated)")
+        torch.testing.assert_close(r, re, rtol=0, atol=0)
+        _close(qkv, qkve, BF16, "compiled qknorm")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay(backend_env_cuda):
+    h, t = 4096, 37
+    w = _randn((h,), BF16, "cuda", 30)
+    x = _randn((t, h), BF16, "cuda", 31)
+    a = _randn((t, h), BF16, "cuda", 32)
+    r = _randn((t, h), BF16, "cuda", 33)
+    out = _poison((t, h), BF16, "cuda")
+    ops.rmsnorm(x, w, out=out)  # warm-up (module loaded) outside capture
+    ops.fused_add_rmsnorm(a.clone(), r.clone(), w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        ops.rmsnorm(x, w, out=out)
+        ops.fused_add_rmsnorm(a, r, w)
+    for seed in (34, 35):
+        x.copy_(_randn((t, h), BF16, "cuda", seed))
+        a.copy_(_randn((t, h), BF16, "cuda", seed + 10))
+        r.copy_(_randn((t, h), BF16, "cuda", seed + 20))
+        out.fill_(float("nan"))
+        total = (a.double() + r.double()).to(BF16)
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out, _oracle(x, w, 1e-6), BF16, "graph rmsnorm")
+        torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
+        _close(a, _oracle(total, w, 1e-6), BF16, "graph fused_add_rmsnorm")
+
+
+@pytest.mark.gpu
+def test_cuda_runs_on_the_current_stream(backend_env_cuda):
+    h = 4096
+    w = _randn((h,), BF16, "cuda", 40)
+    x = _randn((513, h), BF16, "cuda", 41)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = ops.rmsnorm(x, w)
+    stream.synchronize()
+    _close(y, _oracle(x, w, 1e-6), BF16, "rmsnorm on a side stream")
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_checks_its_arguments(backend_env_cuda):
+    """The C++ wrapper rejects what the Python layer would (ValueError naming the tensor)."""
+    fn = ops.cuda_function("rmsnorm", BF16, 4096)
+    x = _randn((4, 4096), BF16, "cuda", 42)
+    w = _randn((4096,), BF16, "cuda", 43)
+    with pytest.raises(ValueError, match="weight"):
+        fn(x, w[:1024], torch.empty_like(x), 1e-6)
+    with pytest.raises(ValueError, match="out"):
+        fn(x, w, torch.empty(4, 4096, dtype=FP16, device="cuda"), 1e-6)
+    with pytest.raises(ValueError, match="input"):
+        fn(x[:, :2048], w[:2048], torch.empty(4, 2048, dtype=BF16, device="cuda"), 1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs (Python validation, every backend shares it)
+
+
+def _bad(exc, match, fn, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        fn(*args, **kwargs)
+
+
+def test_bad_inputs_rmsnorm():
+    x = torch.randn(4, 64, dtype=BF16)
+    w = torch.randn(64, dtype=BF16)
+    _bad(ValueError, "weight: expected dtype", ops.rmsnorm, x, w.float())
+    _bad(ValueError, r"weight: expected shape \(64,\)", ops.rmsnorm, x, w[:32])
+    _bad(ValueError, "weight: expected shape", ops.rmsnorm, x, w.view(8, 8))
+    _bad(ValueError, "input: the last dimension must be contiguous", ops.rmsnorm, x.t(), w[:4])
+    _bad(ValueError, "input: expected a non-empty", ops.rmsnorm, x[:0], w)
+    _bad(TypeError, "input: expected dtype", ops.rmsnorm, x.to(torch.int32), w)
+    _bad(TypeError, "input: expected a torch.Tensor", ops.rmsnorm, [1.0, 2.0], w)
+    _bad(TypeError, "weight: expected a torch.Tensor", ops.rmsnorm, x, None)
+    _bad(TypeError, "eps: expected a float", ops.rmsnorm, x, w, "1e-6")
+    _bad(ValueError, "eps: expected a finite value", ops.rmsnorm, x, w, -1.0)
+    _bad(ValueError, "eps: expected a finite value", ops.rmsnorm, x, w, math.nan)
+    _bad(ValueError, "out: expected shape", ops.rmsnorm, x, w, out=torch.empty(4, 32, dtype=BF16))
+    _bad(ValueError, "out: expected dtype", ops.rmsnorm, x, w, out=torch.empty(4, 64))
+    _bad(ValueError, "input: expected a non-empty", ops.gemma_rmsnorm, x[:, :0], w[:0])
+    if HAS_CUDA:
+        _bad(ValueError, "weight: expected a tensor on", ops.rmsnorm, x.cuda(), w)
+
+
+def test_bad_inputs_fused_add_rmsnorm():
+    x = torch.randn(4, 64, dtype=FP16)
+    r = torch.randn(4, 64, dtype=FP16)
+    w = torch.randn(64, dtype=FP16)
+    _bad(ValueError, "residual: expected dtype", ops.fused_add_rmsnorm, x, r.float(), w)
+    _bad(ValueError, "residual: expected shape", ops.fused_add_rmsnorm, x, r[:2], w)
+    _bad(ValueError, "weight: expected shape", ops.fused_add_rmsnorm, x, r, w[:63])
+    _bad(ValueError, "weight: expected dtype", ops.gemma_fused_add_rmsnorm, x, r, w.to(BF16))
+    _bad(ValueError, "residual: the last dimension", ops.fused_add_rmsnorm, x, r.t().t()[:, ::2], w)
+    _bad(ValueError, "input: expected a non-empty", ops.fused_add_rmsnorm, x[:0], r[:0], w)
+    x3 = torch.randn(3, 5, 64, dtype=FP16).transpose(0, 1)
+    _bad(ValueError, "input: updated in place", ops.fused_add_rmsnorm, x3, x3.clone(), w)
+    if HAS_CUDA:
+        _bad(ValueError, "residual: expected a tensor on", ops.fused_add_rmsnorm, x.cuda(), r, w)
+
+
+def test_bad_inputs_qknorm():
+    q = torch.randn(3, 4, 128, dtype=BF16)
+    k = torch.randn(3, 2, 128, dtype=BF16)
+    w = torch.randn(128, dtype=BF16)
+    _bad(ValueError, "q: head dim", ops.qknorm, q[..., :96], k[..., :96], w[:96], w[:96])
+    _bad(ValueError, "k: expected head dim", ops.qknorm, q, torch.randn(3, 2, 64, dtype=BF16), w, w)
+    _bad(ValueError, "q: expected a 3-D tensor", ops.qknorm, q.view(3, 512), k, w, w)
+    _bad(ValueError, "k: expected 3 tokens", ops.qknorm, q, k[:2], w, w)
+    _bad(ValueError, "k: expected dtype", ops.qknorm, q, k.half(), w, w)
+    _bad(ValueError, "k_weight: expected shape", ops.qknorm, q, k, w, w[:64])
+    _bad(ValueError, "q_weight: expected dtype", ops.qknorm, q, k, w.float(), w)
+    _bad(ValueError, "q: the last dimension", ops.qknorm, q.transpose(1, 2), k, w[:4], w)
+    _bad(ValueError, "q: expected a non-empty", ops.qknorm, q[:0], k[:0], w, w)
+    if HAS_CUDA:
+        _bad(ValueError, "k: expected a tensor on", ops.qknorm, q.cuda(), k, w.cuda(), w)
+
+
+def test_bad_inputs_qknorm_across_heads():
+    q = torch.randn(3, 512, dtype=FP32)
+    k = torch.randn(3, 128, dtype=FP32)
+    qw, kw = torch.randn(512), torch.randn(128)
+    _bad(ValueError, "k_weight: expected shape", ops.qknorm_across_heads, q, k, qw, qw)
+    _bad(
+        ValueError,
+        "q: expected a 2-D tensor",
+        ops.qknorm_across_heads,
+        q.view(3, 4, 128),
+        k,
+        qw,
+        kw,
+    )
+    _bad(ValueError, "k: expected 3 tokens", ops.qknorm_across_heads, q, k[:1], qw, kw)
+    _bad(ValueError, "k: expected dtype", ops.qknorm_across_heads, q, k.half(), qw, kw)
+    if HAS_CUDA:
+        _bad(ValueError, "k: expected a tensor on", ops.qknorm_across_heads, q.cuda(), k, qw, kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# Plugin wiring, prebuild, and the CUDA compile check (no GPU needed)
+
+
+def test_ops_resolve_through_sgljit():
+    for name in (
+        "rmsnorm",
+        "fused_add_rmsnorm",
+        "gemma_rmsnorm",
+        "gemma_fused_add_rmsnorm",
+        "qknorm",
+        "qknorm_across_heads",
+    ):
+        assert getattr(sgljit.ops, name) is getattr(ops, name)
+        assert hasattr(torch.ops.sgljit, name)
+
+
+def test_prebuild_specs_are_loader_arguments():
+    specs = ops.prebuild_specs()
+    assert specs and all(s["op"] in ops._MODULE_OF for s in specs)
+    assert {"op": "rmsnorm", "dtype": "bfloat16", "hidden": 4096} in specs
+    for s in specs:
+        wq = _module_key(s)[2]
+        assert wq == s["hidden"], f"{s} would not take the fast path"
+    with pytest.raises(ValueError, match="backend"):
+        ops.prebuild("rocm", op="rmsnorm", dtype="bfloat16", hidden=4096)
+
+
+def test_compiled_width():
+    assert ops.compiled_width(BF16, 4096) == 4096
+    assert ops.compiled_width(BF16, 16384) == 16384
+    assert ops.compiled_width(BF16, 32768) == 32768
+    assert ops.compiled_width(BF16, 32776) == 0
+    assert ops.compiled_width(BF16, 100) == 0
+    assert ops.compiled_width(FP32, 12) == 12
+    assert ops.compiled_width(FP32, 16384) == 16384
+    assert ops.compiled_width(FP32, 16388) == 0
+    assert all(ops.compiled_width(BF16, h) == h for h in range(8, 16385, 8))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="GPU present: the GPU tests build and run these modules")
+def test_cuda_modules_compile_for_sm90a(tmp_path, monkeypatch):
+    """Every CUDA specialization the GPU tests use compiles for sm_90a (compile only)."""
+    if not _has_nvcc():
+        pytest.skip("nvcc not found")
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
+    _prebuild_parallel(_cuda_specs())
+    for spec in _cuda_specs():  # now cached: loads without compiling
+        mod = ops.prebuild("cuda", **spec)
+        kind = _module_key(spec)[0]
+        for op in ops._CUDA_EXPORTS[kind]:
+            assert getattr(mod, op) is not None
