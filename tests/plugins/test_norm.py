@@ -601,14 +601,19 @@ def test_ops_resolve_through_sgljit():
 
 
 def test_prebuild_specs_are_loader_arguments():
-    specs = ops.prebuild_specs()
-    assert specs and all(s["op"] in ops._MODULE_OF for s in specs)
-    assert {"op": "rmsnorm", "dtype": "bfloat16", "hidden": 4096} in specs
-    for s in specs:
-        wq = _module_key(s)[2]
-        assert wq == s["hidden"], f"{s} would not take the fast path"
+    for backend in ("cuda", "sycl"):
+        specs = ops.prebuild_specs(backend)
+        assert specs and all(s["op"] in ops._MODULE_OF for s in specs)
+        assert {"op": "rmsnorm", "dtype": "bfloat16", "hidden": 4096} in specs
+        for s in specs:
+            assert _module_key(s)[2] == s["hidden"], f"{s} would not take the fast path"
+    assert any(s["op"] == "qknorm" for s in ops.prebuild_specs("cuda"))
+    with pytest.raises(ValueError, match="backend"):
+        ops.prebuild_specs("rocm")
     with pytest.raises(ValueError, match="backend"):
         ops.prebuild("rocm", op="rmsnorm", dtype="bfloat16", hidden=4096)
+    with pytest.raises(ValueError, match="unknown op"):
+        ops.prebuild("cuda", op="layernorm", dtype="bfloat16", hidden=4096)
 
 
 def test_compiled_width():

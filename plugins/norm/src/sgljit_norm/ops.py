@@ -133,18 +133,47 @@ def _sycl_work_group(num_vec: int) -> int:
     return min(256, max(16, 1 << (num_vec - 1).bit_length()))
 
 
-def prebuild_specs() -> list[dict]:
-    """Specializations a serving fleet needs (bf16/fp16, common hidden sizes and head dims), as
-    dicts of :func:`prebuild`'s arguments; build one with ``prebuild(backend, **spec)``. One
-    ``rmsnorm`` entry builds the module shared by the four row ops at that width."""
+_FLEET_HIDDENS = (
+    1024,
+    2048,
+    2304,
+    2560,
+    3072,
+    3584,
+    3840,
+    4096,
+    5120,
+    5376,
+    6144,
+    7168,
+    8192,
+    16384,
+)
+_FLEET_HEAD_DIMS = (64, 128, 256)
+_FLEET_ACROSS = ((2048, 512), (4096, 1024), (5120, 1024), (6144, 1024))
+
+
+def prebuild_specs(backend: str) -> list[dict]:
+    """Specializations a serving fleet needs on ``backend`` ("cuda" or "sycl"): bf16/fp16, common
+    hidden sizes and head dims. Each is ``{"op": ..., "dtype": name, "hidden": ...}`` (plus
+    ``hidden2`` for qknorm_across_heads); build one with ``prebuild(backend, **spec)``. One
+    ``rmsnorm`` entry builds the module the four row ops share at that width; on SYCL one module
+    per (dtype, width) serves every op, so only widths are listed."""
+    if backend not in ("cuda", "sycl"):
+        raise ValueError(f"prebuild_specs: backend must be 'cuda' or 'sycl', got {backend!r}")
     specs: list[dict] = []
-    hiddens = (1024, 2048, 2304, 2560, 3072, 3584, 3840, 4096, 5120, 5376, 6144, 7168, 8192, 16384)
     for dtype in ("bfloat16", "float16"):
-        specs += [dict(op="rmsnorm", dtype=dtype, hidden=h) for h in hiddens]
-        specs += [dict(op="qknorm", dtype=dtype, hidden=d) for d in (64, 128, 256)]
+        if backend == "sycl":
+            widths = sorted(
+                {*_FLEET_HIDDENS, *_FLEET_HEAD_DIMS, *(w for pair in _FLEET_ACROSS for w in pair)}
+            )
+            specs += [dict(op="rmsnorm", dtype=dtype, hidden=h) for h in widths]
+            continue
+        specs += [dict(op="rmsnorm", dtype=dtype, hidden=h) for h in _FLEET_HIDDENS]
+        specs += [dict(op="qknorm", dtype=dtype, hidden=d) for d in _FLEET_HEAD_DIMS]
         specs += [
             dict(op="qknorm_across_heads", dtype=dtype, hidden=wq, hidden2=wk)
-            for wq, wk in ((2048, 512), (4096, 1024), (5120, 1024), (6144, 1024))
+            for wq, wk in _FLEET_ACROSS
         ]
     return specs
 
@@ -167,7 +196,9 @@ def prebuild(backend: str, op: str, dtype, hidden: int, hidden2: int = 0):
         return cuda_module(_MODULE_OF[op], dtype, compiled_width(dtype, hidden))
     vec = 16 // _dtype(dtype).itemsize
     mods = [sycl_module(dtype, h, vec if h % vec == 0 else 1) for h in (hidden, hidden2) if h]
-    return mods[0] if len(mods) == 1 else mods
+    for extra in mods[1:]:
+        extra.build()
+    return mods[0]
 
 
 # ------------------------------------------------------------------------------------------------
