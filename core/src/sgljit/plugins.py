@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib
+import json
 import os
-from importlib.metadata import entry_points
+import re
+import sys
 from typing import Any
 
 from ._version import __version__
@@ -50,6 +53,86 @@ class Plugin:
         return "ok" if self.error is None else self.error
 
 
+def _path_signature() -> list[list]:
+    """sys.path entries with their modification times: installing or removing a distribution
+    changes the folder that holds its metadata, so an unchanged signature means unchanged entry points."""
+    sig = []
+    for entry in sys.path:
+        try:
+            sig.append([entry, os.stat(entry or ".").st_mtime_ns])
+        except OSError:
+            sig.append([entry, None])
+    return sig
+
+
+def _entry_points() -> list[list[str]]:
+    """[name, value, distribution] of every ``sgljit.plugins`` entry point.
+
+    Scanning every installed distribution's metadata costs tens of milliseconds (and importing
+    importlib.metadata as much again), so the result is memoized on disk by the path signature.
+    """
+    from .cache import cache_root
+
+    sig = _path_signature()
+    digest = hashlib.sha256(json.dumps([sys.version, sig]).encode()).hexdigest()[:16]
+    memo = cache_root() / "plugins" / f"entry-points-{digest}.json"
+    try:
+        data = json.loads(memo.read_text())
+        if data["signature"] == sig:
+            return data["entry_points"]
+    except (OSError, ValueError, KeyError):
+        pass
+    from importlib.metadata import entry_points
+
+    found = [
+        [ep.name, ep.value, f"{ep.dist.name} {ep.dist.version}" if ep.dist else ep.value]
+        for ep in entry_points(group=ENTRY_POINT_GROUP)
+    ]
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"signature": sig, "entry_points": found}))
+        os.replace(tmp, memo)
+    except OSError:
+        pass  # a read-only cache: discovery still works, only slower
+    return found
+
+
+def _load_entry_point(value: str) -> Any:
+    module, _, attr = value.partition(":")
+    obj = importlib.import_module(module.strip())
+    for part in attr.strip().split(".") if attr.strip() else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+_SIMPLE_SPEC = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*$")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = tuple(int(p) for p in v.split("."))
+    return parts + (0,) * (4 - len(parts))
+
+
+def _satisfies(version: str, required: str) -> bool:
+    """Whether ``version`` meets a specifier like ">=0.1,<0.2" (packaging for anything fancier)."""
+    clauses = [_SIMPLE_SPEC.match(c) for c in required.split(",")]
+    if all(clauses) and re.fullmatch(r"\d+(\.\d+)*", version):
+        have = _version_tuple(version)
+        ops = {
+            ">=": lambda a, b: a >= b,
+            "<=": lambda a, b: a <= b,
+            "==": lambda a, b: a == b,
+            "!=": lambda a, b: a != b,
+            ">": lambda a, b: a > b,
+            "<": lambda a, b: a < b,
+        }
+        return all(ops[m.group(1)](have, _version_tuple(m.group(2))) for m in clauses)
+    from packaging.specifiers import SpecifierSet
+
+    return version in SpecifierSet(required)
+
+
 def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get("SGLJIT_DISABLE_PLUGINS", "").split(",") if n.strip()}
 
@@ -62,13 +145,12 @@ def _check_manifest(manifest: Any) -> str | None:
         return f"manifest lacks {', '.join(missing)}"
     required = manifest.get("requires_sgljit")
     if required:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
         try:
-            if __version__ not in SpecifierSet(required):
-                return f"incompatible: needs sgljit{required}, this is sgljit {__version__}"
-        except InvalidSpecifier:
+            compatible = _satisfies(__version__, required)
+        except Exception:  # packaging's InvalidSpecifier
             return f"manifest requires_sgljit {required!r} is not a version specifier"
+        if not compatible:
+            return f"incompatible: needs sgljit{required}, this is sgljit {__version__}"
     return None
 
 
@@ -77,13 +159,12 @@ def discover() -> tuple[Plugin, ...]:
     """Every installed plugin (disabled ones left out), with its manifest or the reason it is unusable."""
     disabled = _disabled()
     plugins = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in disabled:
+    for name, value, dist in _entry_points():
+        if name in disabled:
             continue
-        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else ep.value
-        plugin = Plugin(entry_point=ep.name, distribution=dist)
+        plugin = Plugin(entry_point=name, distribution=dist)
         try:
-            plugin.manifest = ep.load()
+            plugin.manifest = _load_entry_point(value)
             plugin.error = _check_manifest(plugin.manifest)
         except Exception as err:
             plugin.error = f"broken: {type(err).__name__}: {err}"
