@@ -120,3 +120,38 @@ def test_info_reports_plugins_and_their_status(plugin_site):
     assert "incompatible: needs sgljit>=9.0" in out
     assert "CONFLICT" in out
     assert "broken: AttributeError" in out
+
+
+def test_a_plugin_installed_later_is_discovered(tmp_path, cache_dir):
+    """Discovery is memoized on disk; installing a distribution must invalidate the memo."""
+    import sys
+
+    from ..conftest import FIXTURE_PLUGINS
+
+    site = tmp_path / "site"
+
+    def install(name: str) -> None:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-index",
+                "--no-build-isolation",
+                "--target",
+                str(site),
+                str(FIXTURE_PLUGINS / name),
+            ],
+            check=True,
+        )
+
+    listing = "import sgljit; print(' '.join(dir(sgljit.ops)))"
+    install("good")
+    assert "fixture_other" not in run_with_plugins(site, listing).stdout.split()
+    assert "fixture_double" in run_with_plugins(site, listing).stdout.split()  # from the memo
+    assert list(cache_dir.glob("plugins/entry-points-*.json"))
+    install("conflict")
+    assert "fixture_other" in run_with_plugins(site, listing).stdout.split()
