@@ -1,0 +1,16 @@
+"""sgljit-quant-fp8: FP8 quantization (float8_e4m3fn, float8_e5m2) per tensor (static or dynamic
+scale) and per token, bit-identical to PyTorch's ``(x.float() / scale).clamp(...).to(fp8)``. CUDA
+and SYCL kernels; the ops are ``sgljit.ops.per_tensor_quant_fp8`` and
+``sgljit.ops.per_token_quant_fp8``."""
+
+MANIFEST = {
+    "name": "quant_fp8",
+    "version": "0.1.0",
+    "requires_sgljit": ">=0.1,<0.2",
+    "ops": {
+        "per_tensor_quant_fp8": "sgljit_quant_fp8.ops:per_tensor_quant_fp8",
+        "per_token_quant_fp8": "sgljit_quant_fp8.ops:per_token_quant_fp8",
+    },
+    "kernel_dirs": ["csrc", "sycl"],
+    "prebuild": "sgljit_quant_fp8.ops:prebuild_specs",
+}

@@ -1,0 +1,78 @@
+"""PyTorch reference of the FP8 quantization ops: the CPU path and the test oracle.
+
+Quantized values are exactly ``(x.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` (true
+division by an fp32 scale tensor; clamp, then round to nearest even). Dynamic scales are
+``max(absmax / fp8_max, 2^-126)`` in fp32, the division again a true fp32 division: an all-zero
+input gets the finite scale 2^-126 (its output is all zeros), a NaN anywhere gives a NaN scale.
+"""
+
+import torch
+
+__all__ = [
+    "FP8_DTYPES",
+    "MIN_SCALE",
+    "fp8_max",
+    "per_tensor_quant_fp8",
+    "per_tensor_scale",
+    "per_token_quant_fp8",
+    "per_token_scales",
+    "quantize",
+    "quantize_into",
+]
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+MIN_SCALE = 2.0**-126  # the smallest normal fp32 number
+
+
+def fp8_max(fp8_dtype: torch.dtype) -> float:
+    """448.0 for float8_e4m3fn, 57344.0 for float8_e5m2."""
+    return float(torch.finfo(fp8_dtype).max)
+
+
+def _div(num: torch.Tensor, den: float) -> torch.Tensor:
+    # A tensor divisor on num's device: torch divides (a CPU scalar would make CUDA multiply by
+    # the reciprocal, which can differ in the last bit).
+    return num / torch.full_like(num, den)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """``(x.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)``; ``scale`` broadcasts."""
+    m = fp8_max(fp8_dtype)
+    return (x.float() / scale.float()).clamp(-m, m).to(fp8_dtype)
+
+
+def quantize_into(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(quantize(x, scale, out.dtype).view(out.shape))
+
+
+def per_tensor_scale(x: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``[1]``: ``max(absmax(x) / fp8_max, 2^-126)`` (NaN if x has a NaN)."""
+    if x.numel() == 0:
+        return torch.full((1,), MIN_SCALE, dtype=torch.float32, device=x.device)
+    amax = x.abs().amax().float().reshape(1)
+    return _div(amax, fp8_max(fp8_dtype)).clamp_min(MIN_SCALE)
+
+
+def per_token_scales(x: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``[T, 1]`` for x ``[T, H]``: ``max(absmax(row) / fp8_max, 2^-126)`` per row."""
+    if x.shape[-1] == 0:
+        return torch.full((x.shape[0], 1), MIN_SCALE, dtype=torch.float32, device=x.device)
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    return _div(amax, fp8_max(fp8_dtype)).clamp_min(MIN_SCALE)
+
+
+def per_tensor_quant_fp8(
+    x: torch.Tensor, scale: torch.Tensor | None = None, fp8_dtype: torch.dtype = FP8_DTYPES[0]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, scale): static with a given scale, dynamic (per-tensor absmax) without."""
+    if scale is None:
+        scale = per_tensor_scale(x, fp8_dtype)
+    return quantize(x, scale, fp8_dtype), scale
+
+
+def per_token_quant_fp8(
+    x: torch.Tensor, fp8_dtype: torch.dtype = FP8_DTYPES[0]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[T, H]``, scales ``[T, 1]``) with one dynamic scale per row."""
+    scales = per_token_scales(x, fp8_dtype)
+    return quantize(x, scales, fp8_dtype), scales

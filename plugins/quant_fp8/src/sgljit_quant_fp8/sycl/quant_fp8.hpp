@@ -1,0 +1,140 @@
+// FP8 quantization, SYCL: per-tensor static, per-tensor dynamic (two kernels: work-group partial
+// maxima into a workspace, then every work-group reduces them and quantizes its range) and
+// per-token (one work-group per row).
+//
+// SYCL has no fp8 type: fp32 -> fp8 is converted in software, bit for bit as PyTorch's conversion
+// (c10's float8 casts): round to nearest even, subnormals, NaN -> 0x7F | sign; values beyond the
+// range (never seen after the clamp) saturate (e4m3fn) or become inf (e5m2), as in PyTorch 2.13. Quantized
+// values are (x / scale) (IEEE fp32 division), clamped to +-fp8_max, converted; dynamic scales are
+// max(absmax / fp8_max, 2^-126), NaN-propagating. Output pointers are uint8_t (the fp8 bytes).
+//
+// Specialization: -DSGLJIT_T=bf16_t|fp16_t|fp32_t (input), -DQFP8_E5M2=0|1 (e4m3fn or e5m2).
+#include <sgljit/sycl/kernel.hpp>
+
+#ifndef QFP8_E5M2
+#define QFP8_E5M2 0
+#endif
+
+namespace sgljit_quant_fp8 {
+
+using T = sgljit::scalar_t;
+
+inline constexpr float kFp8Max = QFP8_E5M2 ? 57344.0f : 448.0f;
+inline constexpr float kMinScale = 1.17549435082228750797e-38f;  // 2^-126
+
+// Round-to-nearest-even of |x| (bits `a`, below the smallest normal of the fp8 format) in units of
+// the format's smallest subnormal: value * 2^k = mantissa >> (150 - k - exponent).
+inline uint32_t subnormal_rne(uint32_t a, int k) {
+  const int e = static_cast<int>(a >> 23);
+  const uint32_t mant = (a & 0x7fffffu) | (e ? 0x800000u : 0u);
+  const int shift = 150 - k - (e ? e : 1);
+  if (shift >= 32) return 0u;
+  const uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  return r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
+}
+
+// fp32 -> fp8 byte, as torch's .to(float8_e4m3fn / float8_e5m2).
+inline uint8_t fp8_from_float(float f) {
+  const uint32_t bits = sycl::bit_cast<uint32_t>(f);
+  const uint32_t sign = (bits >> 24) & 0x80u;
+  uint32_t a = bits & 0x7fffffffu;
+#if QFP8_E5M2
+  if (a >= 0x47800000u) return static_cast<uint8_t>(sign | (a > 0x7f800000u ? 0x7fu : 0x7cu));  // >= 2^16
+  if (a < 0x38800000u) return static_cast<uint8_t>(sign | subnormal_rne(a, 16));                  // < 2^-14
+  a += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffffu + ((a >> 21) & 1u);
+  return static_cast<uint8_t>(sign | (a >> 21));
+#else
+  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);                 // NaN
+  if (a >= 0x43e80000u) return static_cast<uint8_t>(sign | 0x7eu);                // >= 464, inf: 448
+  if (a < 0x3c800000u) return static_cast<uint8_t>(sign | subnormal_rne(a, 9));  // < 2^-6
+  a += (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu + ((a >> 20) & 1u);
+  return static_cast<uint8_t>(sign | (a >> 20));
+#endif
+}
+
+inline uint8_t quantize(float x, float scale) {
+  float q = x / scale;
+  if (!sycl::isnan(q)) q = sycl::fmin(sycl::fmax(q, -kFp8Max), kFp8Max);
+  return fp8_from_float(q);
+}
+
+// |x| as bits: unsigned order = numeric order, NaN above inf (a NaN-propagating max).
+inline uint32_t abs_bits(float x) { return sycl::bit_cast<uint32_t>(x) & 0x7fffffffu; }
+
+inline float scale_from_absmax(uint32_t bits) {
+  const float s = sycl::bit_cast<float>(bits) / kFp8Max;
+  return s < kMinScale ? kMinScale : s;  // NaN stays NaN
+}
+
+inline uint32_t group_max(uint32_t v) {
+  return sycl::reduce_over_group(syclext::this_work_item::get_work_group<1>(), v,
+                                 sycl::maximum<uint32_t>());
+}
+
+}  // namespace sgljit_quant_fp8
+
+// out[i] = quantize(in[i] / scale[0]), grid-stride.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void quant_fp8_static(const sgljit_quant_fp8::T* in, const float* scale, uint8_t* out, int64_t n) {
+  using namespace sgljit_quant_fp8;
+  auto it = syclext::this_work_item::get_nd_item<1>();
+  const float s = scale[0];
+  for (int64_t i = it.get_global_id(0); i < n; i += it.get_global_range(0)) {
+    out[i] = quantize(sgljit::to_float(in[i]), s);
+  }
+}
+
+// Work-group g: workspace[g] = absmax bits over its contiguous range of the n elements.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void quant_fp8_absmax(const sgljit_quant_fp8::T* in, float* workspace, int64_t n) {
+  using namespace sgljit_quant_fp8;
+  auto it = syclext::this_work_item::get_nd_item<1>();
+  const int64_t g = it.get_group(0), groups = it.get_group_range(0);
+  const int64_t begin = n * g / groups, end = n * (g + 1) / groups;
+  uint32_t m = 0;
+  for (int64_t i = begin + it.get_local_id(0); i < end; i += it.get_local_range(0)) {
+    m = sycl::max(m, abs_bits(sgljit::to_float(in[i])));
+  }
+  m = group_max(m);
+  if (it.get_local_id(0) == 0) workspace[g] = sycl::bit_cast<float>(m);
+}
+
+// Every work-group reduces the partial maxima to the scale (group 0 stores it), then quantizes its
+// range. Launched with the same number of work-groups as quant_fp8_absmax.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void quant_fp8_dynamic(const sgljit_quant_fp8::T* in, uint8_t* out, float* scale, const float* workspace,
+                       int64_t n) {
+  using namespace sgljit_quant_fp8;
+  auto it = syclext::this_work_item::get_nd_item<1>();
+  const int64_t g = it.get_group(0), groups = it.get_group_range(0);
+  uint32_t m = 0;
+  for (int64_t i = it.get_local_id(0); i < groups; i += it.get_local_range(0)) {
+    m = sycl::max(m, sycl::bit_cast<uint32_t>(workspace[i]));
+  }
+  const float s = scale_from_absmax(group_max(m));
+  if (g == 0 && it.get_local_id(0) == 0) scale[0] = s;
+  const int64_t begin = n * g / groups, end = n * (g + 1) / groups;
+  for (int64_t i = begin + it.get_local_id(0); i < end; i += it.get_local_range(0)) {
+    out[i] = quantize(sgljit::to_float(in[i]), s);
+  }
+}
+
+// One work-group per row of in [rows, hidden] (row strides in elements): scales[row] and the row.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void quant_fp8_per_token(const sgljit_quant_fp8::T* in, int64_t in_stride, uint8_t* out, int64_t out_stride,
+                         float* scales, int64_t hidden) {
+  using namespace sgljit_quant_fp8;
+  auto it = syclext::this_work_item::get_nd_item<1>();
+  const int64_t row = it.get_group(0);
+  const T* x = in + row * in_stride;
+  uint8_t* o = out + row * out_stride;
+  uint32_t m = 0;
+  for (int64_t i = it.get_local_id(0); i < hidden; i += it.get_local_range(0)) {
+    m = sycl::max(m, abs_bits(sgljit::to_float(x[i])));
+  }
+  const float s = scale_from_absmax(group_max(m));
+  if (it.get_local_id(0) == 0) scales[row] = s;
+  for (int64_t i = it.get_local_id(0); i < hidden; i += it.get_local_range(0)) {
+    o[i] = quantize(sgljit::to_float(x[i]), s);
+  }
+}

@@ -1,0 +1,516 @@
+"""sgljit-quant-fp8: per-tensor (static, dynamic) and per-token FP8 quantization.
+
+Every backend must be bit-identical to PyTorch's ``(x.float() / scale).clamp(-m, m).to(fp8)`` for
+the same scale (the reference backend IS that formula; it is checked against an independent
+float64 oracle with its own fp8 encoder). CPU CI: reference, the CUDA compile, SYCL on the SYCL CPU
+device (incl. the exhaustive conversion over all 65536 bf16 and fp16 bit patterns). On a GPU: the
+same on CUDA plus large shapes, strided views, torch.compile and CUDA graphs.
+"""
+
+import os
+
+import pytest
+import torch
+
+import sgljit
+from sgljit_quant_fp8 import ops, reference
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8 = (E4M3, E5M2)
+HAVE_CUDA = torch.cuda.is_available()
+# The (input dtype, fp8 dtype) specializations the tests run (and the CUDA compile test builds).
+COMBOS = [
+    (torch.bfloat16, E4M3),
+    (torch.bfloat16, E5M2),
+    (torch.float16, E5M2),
+    (torch.float32, E4M3),
+]
+COMBO_IDS = ["bf16-e4m3", "bf16-e5m2", "fp16-e5m2", "fp32-e4m3"]
+
+
+def _sycl_missing() -> bool:
+    from sgljit import sycl
+
+    try:
+        sycl.find_runtime()
+    except sycl.SYCLRuntimeNotFound:
+        return True
+    return False
+
+
+BACKENDS = [
+    "reference",
+    pytest.param(
+        "sycl",
+        marks=[
+            pytest.mark.sycl,
+            pytest.mark.skipif(_sycl_missing(), reason="SYCL runtime not installed"),
+        ],
+    ),
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")],
+    ),
+]
+needs_gpu = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
+
+
+def _device(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
+
+
+def _run(backend: str, fn, *args, **kwargs):
+    """fn on ``backend`` (CPU tensors run the reference or, forced, the SYCL kernels)."""
+    if backend == "cuda":
+        return fn(*args, **kwargs)
+    with sgljit.use_backend(backend):
+        return fn(*args, **kwargs)
+
+
+def _poisoned(shape, fp8_dtype, device) -> torch.Tensor:
+    """An fp8 output buffer full of 0xFF (a NaN in both formats): unwritten bytes show."""
+    return torch.full(shape, 0xFF, dtype=torch.uint8, device=device).view(fp8_dtype)
+
+
+def _data(shape, dtype, device, seed=0, spread=True) -> torch.Tensor:
+    """Random non-zero data over several magnitudes (and an outlier) in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    if spread and x.numel() > 4:
+        x = x * torch.exp2(torch.randint(-8, 8, shape, generator=g).double())
+        x.view(-1)[x.numel() // 3] = 37.5
+    return x.to(dtype).to(device)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype in FP8 else t.view(torch.int32)
+
+
+def assert_fp8_equal(got: torch.Tensor, want: torch.Tensor, *, exact_nan: bool) -> None:
+    """Byte-identical; where ``want`` is NaN only NaN-ness is compared unless ``exact_nan``
+    (PyTorch's CPU clamp does not preserve a NaN's sign bit consistently)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    g, w = _bits(got).cpu(), _bits(want).cpu()
+    nan = want.float().isnan().cpu()
+    if not exact_nan:
+        assert torch.equal(got.float().isnan().cpu(), nan), "NaN positions differ"
+        g, w = g[~nan], w[~nan]
+    bad = (g != w).nonzero()
+    if bad.numel():
+        i = bad[0].tolist()
+        raise AssertionError(
+            f"{bad.shape[0]} of {g.numel()} bytes differ; first at {i}: got {g[tuple(i)]:#x}, "
+            f"want {w[tuple(i)]:#x}"
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# The independent oracle: float64 arithmetic and its own fp8 encoder
+
+
+def _fp8_table(fp8_dtype):
+    """(codes, values) of the finite non-negative fp8 values, ascending."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    vals = codes.view(fp8_dtype).double()
+    keep = (codes < 0x80) & vals.isfinite()
+    return codes[keep].long(), vals[keep]
+
+
+def oracle_encode(q: torch.Tensor, fp8_dtype) -> torch.Tensor:
+    """fp8 bytes of float64 ``q`` (already clamped): nearest value, ties to the even code."""
+    codes, vals = _fp8_table(fp8_dtype)
+    a = q.abs().clamp(max=float(vals[-1]))
+    hi = torch.searchsorted(vals, a).clamp(max=len(vals) - 1)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = (a - vals[lo]).abs(), (vals[hi] - a).abs()
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (codes[hi] % 2 == 0))
+    out = torch.where(pick_hi, codes[hi], codes[lo])
+    out = out | (torch.signbit(q).long() << 7)
+    out = torch.where(q.isnan(), torch.full_like(out, 0x7F), out)
+    return out.to(torch.uint8)
+
+
+def oracle_quantize(x: torch.Tensor, scale: torch.Tensor, fp8_dtype) -> torch.Tensor:
+    # A float64 quotient of two floats rounded to float32 is the correctly rounded fp32 quotient
+    # (53 >= 2 * 24 + 2), i.e. what the fp32 division of the spec gives.
+    m = reference.fp8_max(fp8_dtype)
+    q = (x.double().cpu() / scale.double().cpu()).float().double().clamp(-m, m)
+    return oracle_encode(q, fp8_dtype).view(fp8_dtype)
+
+
+def oracle_scale(x: torch.Tensor, fp8_dtype, dim=None) -> torch.Tensor:
+    a = x.double().cpu().abs()
+    amax = a.amax() if dim is None else a.amax(dim=dim, keepdim=True)
+    return (
+        (amax / reference.fp8_max(fp8_dtype))
+        .float()
+        .clamp_min(2.0**-126)
+        .reshape((1,) if dim is None else amax.shape)
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference against the oracle
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reference_matches_oracle(dtype, fp8_dtype):
+    x = _data((97, 61), dtype, "cpu", seed=1)
+    out, scale = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
+    assert torch.equal(scale, oracle_scale(x, fp8_dtype))
+    assert_fp8_equal(out, oracle_quantize(x, scale, fp8_dtype), exact_nan=True)
+    s = torch.tensor([0.0137], dtype=torch.float32)
+    out, _ = reference.per_tensor_quant_fp8(x, s, fp8_dtype)
+    assert_fp8_equal(out, oracle_quantize(x, s, fp8_dtype), exact_nan=True)
+    out, scales = reference.per_token_quant_fp8(x, fp8_dtype)
+    assert scales.shape == (97, 1) and torch.equal(scales, oracle_scale(x, fp8_dtype, dim=-1))
+    assert_fp8_equal(out, oracle_quantize(x, scales, fp8_dtype), exact_nan=True)
+
+
+def test_reference_conversion_matches_oracle_on_every_bf16():
+    x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = x[x.float().isfinite()]
+    for fp8_dtype in FP8:
+        for s in (1.0, 0.37, 2.0**-20):
+            scale = torch.tensor([s])
+            got = reference.quantize(x, scale, fp8_dtype)
+            assert_fp8_equal(got, oracle_quantize(x, scale, fp8_dtype), exact_nan=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Every backend against the reference (bit for bit)
+
+SHAPES = [(1,), (7,), (4109,), (3, 5, 7), (129, 4096), (1000, 37)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype,fp8_dtype", COMBOS, ids=COMBO_IDS)
+def test_per_tensor(backend, shape, dtype, fp8_dtype):
+    dev = _device(backend)
+    x = _data(shape, dtype, dev, seed=len(shape) + shape[-1])
+    want, want_scale = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
+    out = _poisoned(shape, fp8_dtype, dev)
+    got, scale = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, out=out, fp8_dtype=fp8_dtype)
+    assert got is out and scale.shape == (1,) and scale.dtype == torch.float32
+    assert torch.equal(_bits(scale), _bits(want_scale)), (scale, want_scale)
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    # static, with a scale that is not a power of two
+    s = torch.tensor([0.0173], dtype=torch.float32, device=dev)
+    out = _poisoned(shape, fp8_dtype, dev)
+    got, scale = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, s, out=out, fp8_dtype=fp8_dtype)
+    assert scale is s
+    assert_fp8_equal(got, reference.quantize(x, s, fp8_dtype), exact_nan=dev == "cuda")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "rows,hidden", [(1, 1), (1, 4096), (7, 37), (33, 4096), (5, 5120), (3, 40000)]
+)
+@pytest.mark.parametrize("dtype,fp8_dtype", COMBOS, ids=COMBO_IDS)
+def test_per_token(backend, rows, hidden, dtype, fp8_dtype):
+    dev = _device(backend)
+    x = _data((rows, hidden), dtype, dev, seed=rows + hidden)
+    if rows > 2:
+        x[1] = 0  # an all-zero row: finite scale 2^-126, zeros out
+    want, want_scales = reference.per_token_quant_fp8(x, fp8_dtype)
+    out = _poisoned((rows, hidden), fp8_dtype, dev)
+    got, scales = _run(backend, sgljit.ops.per_token_quant_fp8, x, out=out, fp8_dtype=fp8_dtype)
+    assert scales.shape == (rows, 1) and scales.dtype == torch.float32
+    assert torch.equal(_bits(scales), _bits(want_scales))
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    if rows > 2:
+        assert scales[1].item() == 2.0**-126 and not got[1].float().any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_token_strided_rows(backend):
+    dev = _device(backend)
+    buf = _data((37, 4096 + 64), torch.bfloat16, dev, seed=5)
+    x = buf[:, 32 : 32 + 4096]  # rows 8320 elements apart, start offset 64 bytes
+    obuf = _poisoned((37, 4096 + 48), E4M3, dev)
+    out = obuf[:, 16 : 16 + 4096]
+    got, scales = _run(backend, sgljit.ops.per_token_quant_fp8, x, out=out)
+    want, want_scales = reference.per_token_quant_fp8(x.contiguous(), E4M3)
+    assert torch.equal(scales, want_scales)
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    # bytes around the view are untouched
+    assert (obuf[:, :16].view(torch.uint8) == 0xFF).all()
+    assert (obuf[:, 16 + 4096 :].view(torch.uint8) == 0xFF).all()
+    # an odd offset and row stride (no 16-byte vectors possible)
+    y = buf.view(-1)[1 : 1 + 37 * 4099].view(37, 4099)[:, :4097]
+    got, scales = _run(backend, sgljit.ops.per_token_quant_fp8, y)
+    want, want_scales = reference.per_token_quant_fp8(y.contiguous(), E4M3)
+    assert torch.equal(scales, want_scales)
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_tensor_misaligned_and_special_values(backend):
+    dev = _device(backend)
+    x = _data((4109 * 3 + 1,), torch.bfloat16, dev, seed=9)[1:]  # contiguous, 2-byte aligned
+    for scale in (None, torch.tensor([0.37], device=dev)):
+        got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, scale)
+        want, ws = reference.per_tensor_quant_fp8(x, scale)
+        assert torch.equal(s, ws)
+        assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    # inf, -inf, NaN, -0.0, huge, subnormal, near-max values with a static scale; a NaN makes
+    # the dynamic scale NaN (and every output NaN)
+    special = torch.tensor(
+        [float("inf"), -float("inf"), float("nan"), -0.0, 0.0, 3e38, -3e38, 1e-40, 448.0, 464.0]
+        * 7,
+        dtype=torch.float32,
+    )
+    for dtype, fp8_dtype in COMBOS:
+        xs = special.to(dtype).to(dev)
+        s = torch.tensor([1.0], device=dev)
+        got, _ = _run(backend, sgljit.ops.per_tensor_quant_fp8, xs, s, fp8_dtype=fp8_dtype)
+        assert_fp8_equal(got, reference.quantize(xs, s, fp8_dtype), exact_nan=dev == "cuda")
+        got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, xs, fp8_dtype=fp8_dtype)
+        assert s.isnan().all() and got.float().isnan().all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_input_gives_finite_scale(backend):
+    dev = _device(backend)
+    x = torch.zeros(5, 4096, dtype=torch.bfloat16, device=dev)
+    got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, x)
+    assert s.item() == 2.0**-126 and torch.isfinite(s).all()
+    assert not got.float().any()
+    got, s = _run(backend, sgljit.ops.per_token_quant_fp8, x)
+    assert (s == 2.0**-126).all() and not got.float().any()
+    # the caller never zeroes the scale: a garbage-filled scale buffer is not an input
+    y = _data((3, 4096), torch.bfloat16, dev, seed=2)
+    for _ in range(2):
+        got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, y)
+        assert torch.equal(s, reference.per_tensor_scale(y, E4M3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype,fp8_dtype", COMBOS[:3], ids=COMBO_IDS[:3])
+def test_exhaustive_conversion(backend, dtype, fp8_dtype):
+    """Every 16-bit pattern (incl. NaN, inf, subnormals) through the static path at several
+    scales, and the finite ones through the dynamic path, against PyTorch."""
+    dev = _device(backend)
+    x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
+    for s in (1.0, 0.37, 3.0, 1 / 448, 2.0**-20, 1e-30, 7.5e4, 3e38, 0.0, -2.0):
+        scale = torch.tensor([s], dtype=torch.float32, device=dev)
+        got, _ = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, scale, fp8_dtype=fp8_dtype)
+        assert_fp8_equal(got, reference.quantize(x, scale, fp8_dtype), exact_nan=dev == "cuda")
+    finite = x[x.float().isfinite()]
+    got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, finite, fp8_dtype=fp8_dtype)
+    want, ws = reference.per_tensor_quant_fp8(finite, fp8_dtype=fp8_dtype)
+    assert torch.equal(s, ws)
+    assert_fp8_equal(got, want, exact_nan=True)
+    rows = finite[: finite.numel() // 64 * 64].view(-1, 64)
+    got, s = _run(backend, sgljit.ops.per_token_quant_fp8, rows, fp8_dtype=fp8_dtype)
+    want, ws = reference.per_token_quant_fp8(rows, fp8_dtype)
+    assert torch.equal(s, ws)
+    assert_fp8_equal(got, want, exact_nan=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs: errors name the argument
+
+
+def test_bad_inputs_raise_named_errors():
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    f, g = sgljit.ops.per_tensor_quant_fp8, sgljit.ops.per_token_quant_fp8
+    cases = [
+        (TypeError, "input", lambda: f(torch.ones(4, 8, dtype=torch.int32))),
+        (TypeError, "input", lambda: f([1.0, 2.0])),
+        (ValueError, "input", lambda: f(x.t())),
+        (TypeError, "fp8_dtype", lambda: f(x, fp8_dtype=torch.float16)),
+        (TypeError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=torch.bfloat16))),
+        (TypeError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=E5M2))),
+        (ValueError, "out", lambda: f(x, out=torch.empty(4, 9, dtype=E4M3))),
+        (ValueError, "out", lambda: f(x, out=torch.empty(8, 4, dtype=E4M3).t())),
+        (ValueError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=E4M3, device="meta"))),
+        (TypeError, "scale", lambda: f(x, torch.ones(1, dtype=torch.float16))),
+        (TypeError, "scale", lambda: f(x, 0.5)),
+        (ValueError, "scale", lambda: f(x, torch.ones(2))),
+        (ValueError, "scale", lambda: f(x, torch.ones(1, 1))),
+        (ValueError, "scale", lambda: f(x, torch.ones(1, device="meta"))),
+        (TypeError, "input", lambda: g(torch.ones(4, 8, dtype=torch.int8))),
+        (ValueError, "input", lambda: g(torch.randn(2, 4, 8))),
+        (ValueError, "input", lambda: g(x.t())),
+        (TypeError, "fp8_dtype", lambda: g(x, fp8_dtype=torch.uint8)),
+        (TypeError, "out", lambda: g(x, out=torch.empty(4, 8, dtype=torch.uint8))),
+        (ValueError, "out", lambda: g(x, out=torch.empty(4, 7, dtype=E4M3))),
+    ]
+    for exc, name, call in cases:
+        with pytest.raises(exc, match=rf"^{name}\b"):
+            call()
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_bad_devices_cuda():
+    x = torch.randn(4, 8, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match=r"^scale"):
+        sgljit.ops.per_tensor_quant_fp8(x, torch.ones(1))
+    with pytest.raises(ValueError, match=r"^out"):
+        sgljit.ops.per_token_quant_fp8(x, out=torch.empty(4, 8, dtype=E4M3))
+    # the kernel's own checks (direct module call) name the tensor too
+    mod = ops.cuda_module(torch.bfloat16, E4M3)
+    with pytest.raises(ValueError, match="out"):
+        mod.per_tensor_static(x, torch.ones(1, device="cuda"), torch.empty(4, 8, device="cuda"))
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA compile in CI (no GPU needed)
+
+
+@pytest.fixture(scope="module")
+def cuda_build_env(tmp_path_factory):
+    """SGLJIT_CUDA_ARCH=9.0a (unless set) and a module-wide private cache dir (one compile per
+    specialization for the whole module)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not HAVE_CUDA:
+            mp.setenv("SGLJIT_CUDA_ARCH", os.environ.get("SGLJIT_CUDA_ARCH", "9.0a"))
+            mp.setenv("SGLJIT_CACHE_DIR", str(tmp_path_factory.mktemp("quant_fp8_cache")))
+        yield
+
+
+def _has_nvcc() -> bool:
+    from sgljit.toolchain import find_nvcc
+
+    return find_nvcc() is not None
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="nvcc not found")
+def test_cuda_compiles(cuda_build_env):
+    """Every (dtype, fp8 dtype) the tests use, two builds at a time (~10 s each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        mods = list(pool.map(lambda c: ops.prebuild("cuda", dtype=c[0], fp8_dtype=c[1]), COMBOS))
+    for mod in mods:
+        for name in ("per_tensor_static", "per_tensor_dynamic", "per_token"):
+            assert callable(getattr(mod, name))
+
+
+def test_prebuild_specs_cover_all_dtypes():
+    specs = ops.prebuild_specs()
+    assert len(specs) == 6
+    assert {(s["dtype"], s["fp8_dtype"]) for s in specs} == {
+        (d, f) for d in ("bfloat16", "float16", "float32") for f in ("float8_e4m3fn", "float8_e5m2")
+    }
+    with pytest.raises(ValueError, match="backend"):
+        ops.prebuild("rocm", **specs[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU only: both dynamic code paths, large shapes, torch.compile, CUDA graphs
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [1, 2], ids=["fused", "two_kernels"])
+@pytest.mark.parametrize(
+    "numel", [1, 7, 1023, 8 * 1024 + 3, 4109 * 4096 + 5, 19260817], ids=lambda n: f"n{n}"
+)
+def test_cuda_dynamic_modes(mode, numel):
+    x = _data((numel,), torch.bfloat16, "cuda", seed=numel % 1000)
+    x[numel // 2] = -97.25  # the max sits in the middle of some block's chunk
+    out = _poisoned((numel,), E4M3, "cuda")
+    scale = torch.full((1,), float("nan"), device="cuda")
+    workspace = torch.full((ops.WORKSPACE_SIZE,), float("nan"), device="cuda")
+    ops._per_tensor_dynamic(x, out, scale, workspace, mode)
+    want, ws = reference.per_tensor_quant_fp8(x)
+    assert torch.equal(scale, ws)
+    assert_fp8_equal(out, want, exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("shape", [(19260817, 1), (65536, 4096)], ids=["19260817x1", "65536x4096"])
+def test_cuda_large(shape, fp8_dtype):
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    got, s = sgljit.ops.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
+    want, ws = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
+    assert torch.equal(s, ws)
+    assert_fp8_equal(got, want, exact_nan=True)
+    del want
+    got, s = sgljit.ops.per_tensor_quant_fp8(x, ws * 0.75, fp8_dtype=fp8_dtype)
+    assert_fp8_equal(got, reference.quantize(x, ws * 0.75, fp8_dtype), exact_nan=True)
+    del got
+    got, s = sgljit.ops.per_token_quant_fp8(x, fp8_dtype=fp8_dtype)
+    want, ws = reference.per_token_quant_fp8(x, fp8_dtype)
+    assert torch.equal(s, ws)
+    assert_fp8_equal(got, want, exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_cuda_torch_compile_fullgraph():
+    per_tensor, per_token = sgljit.ops.per_tensor_quant_fp8, sgljit.ops.per_token_quant_fp8
+
+    def fn(x, s):
+        a, sa = per_tensor(x)
+        b, sb = per_token(x, fp8_dtype=E5M2)
+        c, _ = per_tensor(x, s)
+        return a, sa, b, sb, c
+
+    compiled = torch.compile(fn, fullgraph=True)
+    x = _data((300, 4096), torch.bfloat16, "cuda", seed=3)
+    s = torch.tensor([0.05], device="cuda")
+    for got, want in zip(compiled(x, s), fn(x, s), strict=True):
+        assert torch.equal(_bits(got), _bits(want))
+    want = reference.per_tensor_quant_fp8(x)
+    a, sa, *_ = compiled(x, s)
+    assert torch.equal(sa, want[1]) and torch.equal(_bits(a), _bits(want[0]))
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [0, 2], ids=["auto", "two_kernels"])
+def test_cuda_graph_capture_and_replay(mode):
+    x = _data((4109, 4096), torch.bfloat16, "cuda", seed=4)
+    out = torch.empty(x.shape, dtype=E4M3, device="cuda")
+    scale = torch.empty(1, device="cuda")
+    workspace = torch.empty(ops.WORKSPACE_SIZE, device="cuda")
+    tok_out = torch.empty(x.shape, dtype=E4M3, device="cuda")
+    tok_scales = torch.empty(4109, 1, device="cuda")
+
+    def step():
+        ops._per_tensor_dynamic(x, out, scale, workspace, mode)
+        ops._per_token(x, tok_out, tok_scales)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm up (builds, first-launch attributes) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (11, 12):
+        x.copy_(_data(x.shape, torch.bfloat16, "cuda", seed=seed))
+        out.view(torch.uint8).fill_(0xFF)
+        tok_out.view(torch.uint8).fill_(0xFF)
+        scale.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want, ws = reference.per_tensor_quant_fp8(x)
+        assert torch.equal(scale, ws)
+        assert_fp8_equal(out, want, exact_nan=True)
+        want, ws = reference.per_token_quant_fp8(x, E4M3)
+        assert torch.equal(tok_scales, ws)
+        assert_fp8_equal(tok_out, want, exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_cuda_non_default_stream():
+    x = _data((1024, 4096), torch.bfloat16, "cuda", seed=6)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got, scale = sgljit.ops.per_tensor_quant_fp8(x)
+    s.synchronize()
+    want, ws = reference.per_tensor_quant_fp8(x)
+    assert torch.equal(scale, ws)
+    assert_fp8_equal(got, want, exact_nan=True)
