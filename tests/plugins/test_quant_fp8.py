@@ -514,3 +514,12 @@ def test_cuda_non_default_stream():
     want, ws = reference.per_tensor_quant_fp8(x)
     assert torch.equal(scale, ws)
     assert_fp8_equal(got, want, exact_nan=True)
+
+
+def test_dynamic_mode_env_is_checked(monkeypatch):
+    monkeypatch.setenv("SGLJIT_QUANT_FP8_DYNAMIC", "fastest")
+    with pytest.raises(ValueError, match="SGLJIT_QUANT_FP8_DYNAMIC"):
+        sgljit.ops.per_tensor_quant_fp8(torch.randn(8))
+    monkeypatch.setenv("SGLJIT_QUANT_FP8_DYNAMIC", "two_kernels")
+    x = torch.randn(8)
+    assert torch.equal(sgljit.ops.per_tensor_quant_fp8(x)[1], reference.per_tensor_scale(x, E4M3))

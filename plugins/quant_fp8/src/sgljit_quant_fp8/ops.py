@@ -11,6 +11,7 @@ The kernel ops are destination passing (outputs given); the public functions all
 the tuple, so ``torch.compile(fullgraph=True)`` and CUDA graphs work.
 """
 
+import os
 from pathlib import Path
 
 import torch
@@ -35,6 +36,18 @@ _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = reference.FP8_DTYPES
 # Partial maxima of the dynamic per-tensor scale: one slot per block (the grid is capped by it).
 WORKSPACE_SIZE = 1024
+# CUDA dynamic per-tensor path: "auto" (the fused cooperative kernel where the device supports
+# cooperative launch), "fused", or "two_kernels" (absmax, then quantize).
+_DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2}
+
+
+def _dynamic_mode() -> int:
+    name = os.environ.get("SGLJIT_QUANT_FP8_DYNAMIC", "auto")
+    if name not in _DYNAMIC_MODES:
+        raise ValueError(
+            f"SGLJIT_QUANT_FP8_DYNAMIC={name!r}: expected one of {', '.join(_DYNAMIC_MODES)}"
+        )
+    return _DYNAMIC_MODES[name]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -269,7 +282,7 @@ def per_tensor_quant_fp8(
         return out, scale
     scale = torch.empty(1, dtype=torch.float32, device=input.device)
     workspace = torch.empty(WORKSPACE_SIZE, dtype=torch.float32, device=input.device)
-    _per_tensor_dynamic(input, out, scale, workspace, 0)
+    _per_tensor_dynamic(input, out, scale, workspace, _dynamic_mode())
     return out, scale
 
 

@@ -497,7 +497,8 @@ struct QuantFp8 {
     constexpr int kThreads = 512;
     auto launch = [&](auto kernel, int vec) {
       const int64_t nv = std::max<int64_t>(numel / vec, 1);
-      const int64_t blocks = std::min<int64_t>(div_ceil<int64_t>(nv, kThreads * kUnroll), int64_t(sms) * 4);
+      // Two 512-thread blocks fit per SM (<= 64 registers): one resident wave, grid-stride.
+      const int64_t blocks = std::min<int64_t>(div_ceil<int64_t>(nv, kThreads * kUnroll), int64_t(sms) * 2);
       LaunchKernel(kernel, dim3(blocks), dim3(kThreads), 0, dev, "per_tensor_quant_fp8 (static)")(x, o, s, numel);
     };
     if (aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
@@ -569,9 +570,7 @@ struct QuantFp8 {
                  "launch of per_tensor_quant_fp8 (dynamic, fused)");
       return;
     }
-    int occupancy = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, kFusedThreads, 0),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int occupancy = plain_blocks_per_sm<VEC>(dev.device_id);
     const int64_t grid = std::clamp<int64_t>(div_ceil<int64_t>(nv, kFusedThreads), 1,
                                              std::min<int64_t>(int64_t(info.sms) * std::max(occupancy, 1),
                                                                workspace.numel()));
@@ -581,6 +580,26 @@ struct QuantFp8 {
         x, o, s, ws, numel, keep_vecs, l2_vecs, int(kPartial));
     LaunchKernel(kernel, dim3(grid), dim3(kFusedThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")(
         x, o, s, ws, numel, keep_vecs, l2_vecs, int(kQuant));
+  }
+
+  // Blocks of the dynamic kernel that fit on one SM without dynamic shared memory.
+  template <int VEC>
+  static int plain_blocks_per_sm(int device_id) {
+    static std::array<int, 64> cache{};
+    static std::mutex mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    int& slot = cache[device_id];
+    if (slot == 0) {
+      int current = 0, blocks = 0;
+      check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+      check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, per_tensor_dynamic_kernel<T, Q, VEC>,
+                                                               kFusedThreads, 0),
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      check_cuda(cudaSetDevice(current), "cudaSetDevice");
+      slot = std::max(blocks, 1);
+    }
+    return slot;
   }
 
   // Blocks of the fused kernel that fit on one SM with `smem` bytes of dynamic shared memory
