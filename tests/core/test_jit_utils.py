@@ -140,3 +140,11 @@ def test_kernel_op_without_backend_says_so():
         scaled_copy(torch.zeros(1), torch.zeros(1), 1.0)
     with pytest.raises(ValueError, match="not parameters"):
         kernel_op("test_bad", mutates_args=("nope",))(lambda x: None)
+
+
+def test_kernel_op_refuses_parameter_names_torch_compile_reserves():
+    def body(input: torch.Tensor, out: torch.Tensor, mode: int) -> None:
+        out.copy_(input)
+
+    with pytest.raises(ValueError, match=r"\['mode'\] are reserved by torch.compile"):
+        kernel_op("test_reserved", mutates_args=("out",))(body)

@@ -25,6 +25,9 @@ from .backend import select_backend
 __all__ = ["KernelOp", "kernel_op"]
 
 NAMESPACE = "sgljit"
+# torch.compile's functionalization calls fakes as handler(mode, *args, **kwargs): an op parameter
+# named like that breaks inductor ("got multiple values for argument 'mode'").
+RESERVED_PARAMETERS = frozenset({"mode", "self"})
 
 
 class KernelOp:
@@ -34,6 +37,11 @@ class KernelOp:
         self.name = name
         self.impls: dict[str, Callable[..., None]] = {"reference": reference}
         params = list(inspect.signature(reference).parameters)
+        reserved = RESERVED_PARAMETERS & set(params)
+        if reserved:
+            raise ValueError(
+                f"kernel_op {name!r}: parameter name(s) {sorted(reserved)} are reserved by torch.compile; rename them"
+            )
         unknown = set(mutates_args) - set(params)
         if unknown:
             raise ValueError(

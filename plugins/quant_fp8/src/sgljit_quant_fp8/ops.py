@@ -157,20 +157,20 @@ def _(input, scale, out):
 
 @kernel_op("per_tensor_quant_fp8_dynamic", mutates_args=("out", "scale", "workspace"))
 def _per_tensor_dynamic(
-    input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, mode: int
+    input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
 ) -> None:
-    """``mode``: 0 = auto; CUDA only: 1 = the fused cooperative kernel, 2 = two kernels."""
+    """``algo``: 0 = auto; CUDA only: 1 = the fused cooperative kernel, 2 = two kernels."""
     scale.copy_(reference.per_tensor_scale(input, out.dtype).view(scale.shape))
     reference.quantize_into(input, scale, out)
 
 
 @_per_tensor_dynamic.register("cuda")
-def _(input, out, scale, workspace, mode):
-    cuda_module(input.dtype, out.dtype).per_tensor_dynamic(input, out, scale, workspace, mode)
+def _(input, out, scale, workspace, algo):
+    cuda_module(input.dtype, out.dtype).per_tensor_dynamic(input, out, scale, workspace, algo)
 
 
 @_per_tensor_dynamic.register("sycl")
-def _(input, out, scale, workspace, mode):
+def _(input, out, scale, workspace, algo):
     n = input.numel()
     mod = sycl_module(input.dtype, out.dtype)
     groups = _sycl_items(n, 64, workspace.numel()) // _SYCL_WG
