@@ -15,4 +15,5 @@ MANIFEST = {
     },
     "kernel_dirs": ["csrc", "sycl"],
     "prebuild": "sgljit_norm.ops:prebuild_specs",
+    "check": "sgljit_norm.ops:check_cases",
 }

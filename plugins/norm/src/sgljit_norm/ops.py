@@ -580,3 +580,77 @@ def qknorm_across_heads(
     q_weight ``[Hq*D]``, k_weight ``[Hk*D]``."""
     eps = _prepare_qk(q, k, q_weight, k_weight, eps, per_head=False)
     _qknorm_across_heads(q, k, q_weight, k_weight, eps)
+
+
+def check_cases(device: torch.device) -> list[dict]:
+    """``sgljit check``: every op on a few shapes, against float64 formulas written out here."""
+
+    def rms64(x: torch.Tensor, w: torch.Tensor, gemma: bool = False) -> torch.Tensor:
+        x, w = x.double(), w.double() + (1.0 if gemma else 0.0)
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6) * w
+
+    def rand(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    cases = []
+    for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 1e-2), (torch.float32, 1e-5)):
+        name = str(dtype).removeprefix("torch.")
+        for tokens, hidden in ((7, 4096), (1, 1024)):
+
+            def plain(tokens=tokens, hidden=hidden, dtype=dtype, gemma=False):
+                x, w = rand(tokens, hidden, dtype=dtype), rand(hidden, dtype=dtype)
+                y = (gemma_rmsnorm if gemma else rmsnorm)(x, w, 1e-6)
+                return y, rms64(x, w, gemma)
+
+            def fused(tokens=tokens, hidden=hidden, dtype=dtype, gemma=False):
+                x, r, w = (
+                    rand(tokens, hidden, dtype=dtype),
+                    rand(tokens, hidden, dtype=dtype),
+                    rand(hidden, dtype=dtype),
+                )
+                total = (x.double() + r.double()).to(dtype)  # the sum is rounded to the dtype first
+                (gemma_fused_add_rmsnorm if gemma else fused_add_rmsnorm)(x, r, w, 1e-6)
+                return (x, r), (rms64(total, w, gemma), total)
+
+            shape = f"{tokens}x{hidden} {name}"
+            cases += [
+                {"op": "rmsnorm", "shape": shape, "run": plain, "tol": tol},
+                {
+                    "op": "gemma_rmsnorm",
+                    "shape": shape,
+                    "run": lambda f=plain: f(gemma=True),
+                    "tol": tol,
+                },
+                {"op": "fused_add_rmsnorm", "shape": shape, "run": fused, "tol": tol},
+                {
+                    "op": "gemma_fused_add_rmsnorm",
+                    "shape": shape,
+                    "run": lambda f=fused: f(gemma=True),
+                    "tol": tol,
+                },
+            ]
+
+        def qk(dtype=dtype, across=False):
+            qkv = rand(5, (8 + 2 * 2) * 128, dtype=dtype)  # q, k: strided views into one qkv buffer
+            q, k = qkv[:, : 8 * 128], qkv[:, 8 * 128 : 10 * 128]
+            if across:
+                qw, kw = rand(8 * 128, dtype=dtype), rand(2 * 128, dtype=dtype)
+                expected = (rms64(q, qw), rms64(k, kw))
+                qknorm_across_heads(q, k, qw, kw, 1e-6)
+            else:
+                q, k = q.unflatten(1, (8, 128)), k.unflatten(1, (2, 128))
+                qw, kw = rand(128, dtype=dtype), rand(128, dtype=dtype)
+                expected = (rms64(q, qw), rms64(k, kw))
+                qknorm(q, k, qw, kw, 1e-6)
+            return (q, k), expected
+
+        cases += [
+            {"op": "qknorm", "shape": f"5x(8+2)x128 {name}", "run": qk, "tol": tol},
+            {
+                "op": "qknorm_across_heads",
+                "shape": f"5x(8+2)*128 {name}",
+                "run": lambda f=qk: f(across=True),
+                "tol": tol,
+            },
+        ]
+    return cases

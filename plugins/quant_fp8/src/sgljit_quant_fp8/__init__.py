@@ -13,4 +13,5 @@ MANIFEST = {
     },
     "kernel_dirs": ["csrc", "sycl"],
     "prebuild": "sgljit_quant_fp8.ops:prebuild_specs",
+    "check": "sgljit_quant_fp8.ops:check_cases",
 }

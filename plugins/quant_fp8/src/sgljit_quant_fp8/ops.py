@@ -309,3 +309,69 @@ def per_token_quant_fp8(
     scales = torch.empty((input.shape[0], 1), dtype=torch.float32, device=input.device)
     _per_token(input, out, scales)
     return out, scales
+
+
+def check_cases(device: torch.device) -> list[dict]:
+    """``sgljit check``: bit-exact against PyTorch's own division, clamp and cast (tolerance 0)."""
+
+    def torch_quant(x: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+        top = torch.finfo(fp8).max
+        return (x.float() / scale).clamp(-top, top).to(fp8).double()
+
+    cases = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+            name = (
+                f"{str(dtype).removeprefix('torch.')} -> {str(fp8).removeprefix('torch.float8_')}"
+            )
+
+            def dynamic(dtype=dtype, fp8=fp8):
+                x = torch.randn(33, 4096, device=device, dtype=dtype) * 3
+                out, scale = per_tensor_quant_fp8(x, fp8_dtype=fp8)
+                top = torch.finfo(fp8).max
+                expected_scale = (x.float().abs().max() / top).clamp_min(2.0**-126).reshape(1)
+                return (out.double(), scale), (torch_quant(x, expected_scale, fp8), expected_scale)
+
+            def static(dtype=dtype, fp8=fp8):
+                x = torch.randn(7, 1000, device=device, dtype=dtype) * 50
+                scale = torch.tensor([0.0371], device=device)
+                out, _ = per_tensor_quant_fp8(x, scale, fp8_dtype=fp8)
+                return out.double(), torch_quant(x, scale, fp8)
+
+            def per_token(dtype=dtype, fp8=fp8):
+                x = (
+                    torch.randn(9, 2048, device=device, dtype=dtype)
+                    * torch.rand(9, 1, device=device, dtype=dtype)
+                    * 10
+                )
+                out, scales = per_token_quant_fp8(x, fp8_dtype=fp8)
+                top = torch.finfo(fp8).max
+                expected_scales = (x.float().abs().amax(-1, keepdim=True) / top).clamp_min(
+                    2.0**-126
+                )
+                return (out.double(), scales), (
+                    torch_quant(x, expected_scales, fp8),
+                    expected_scales,
+                )
+
+            cases += [
+                {
+                    "op": "per_tensor_quant_fp8",
+                    "shape": f"33x4096 dynamic {name}",
+                    "run": dynamic,
+                    "tol": 0.0,
+                },
+                {
+                    "op": "per_tensor_quant_fp8",
+                    "shape": f"7x1000 static {name}",
+                    "run": static,
+                    "tol": 0.0,
+                },
+                {
+                    "op": "per_token_quant_fp8",
+                    "shape": f"9x2048 {name}",
+                    "run": per_token,
+                    "tol": 0.0,
+                },
+            ]
+    return cases

@@ -12,4 +12,5 @@ MANIFEST = {
     },
     "kernel_dirs": ["csrc", "sycl"],
     "prebuild": "sgljit_rope.ops:prebuild_specs",
+    "check": "sgljit_rope.ops:check_cases",
 }

@@ -458,3 +458,69 @@ def apply_rope_with_kv_cache(
         q3, k3, v3, caches[0], caches[1], cos_sin_cache, positions.contiguous(),
         out_loc.contiguous(), is_neox,
     )  # fmt: skip
+
+
+def check_cases(device: torch.device) -> list[dict]:
+    """``sgljit check``: both ops on a few shapes, against float64 formulas written out here."""
+
+    def rotate64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+        x = x.double()
+        r = cos.shape[-1] * 2
+        rot, rest = x[..., :r], x[..., r:]
+        if neox:
+            a, b = rot[..., : r // 2], rot[..., r // 2 :]
+            out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+        return torch.cat([out, rest], -1)
+
+    def inputs(tokens: int, dtype: torch.dtype, rotary: int, head_dim: int = 128):
+        q = torch.randn(tokens, 8, head_dim, device=device, dtype=dtype)
+        k = torch.randn(tokens, 2, head_dim, device=device, dtype=dtype)
+        angles = torch.rand(64, rotary // 2, device=device, dtype=torch.float64) * 6.3
+        cache = torch.cat([angles.cos(), angles.sin()], -1).float()
+        positions = torch.randint(0, 64, (tokens,), device=device)
+        cos, sin = cache.double()[positions].chunk(2, -1)
+        return q, k, cache, positions, cos[:, None], sin[:, None]
+
+    cases = []
+    for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 1e-2), (torch.float32, 1e-5)):
+        name = str(dtype).removeprefix("torch.")
+        for neox, rotary in ((True, 128), (False, 128), (True, 64)):
+
+            def rope(dtype=dtype, neox=neox, rotary=rotary):
+                q, k, cache, positions, cos, sin = inputs(7, dtype, rotary)
+                expected = (rotate64(q, cos, sin, neox), rotate64(k, cos, sin, neox))
+                apply_rope(q, k, cache, positions, is_neox=neox, rotary_dim=rotary)
+                return (q, k), expected
+
+            style = ("neox" if neox else "gptj") + (f" rotary {rotary}" if rotary != 128 else "")
+            cases.append(
+                {
+                    "op": "apply_rope",
+                    "shape": f"7x(8+2)x128 {style} {name}",
+                    "run": rope,
+                    "tol": tol,
+                }
+            )
+
+        def with_cache(dtype=dtype):
+            q, k, cache, positions, cos, sin = inputs(5, dtype, 128)
+            v = torch.randn_like(k)
+            k_cache = torch.full((16, 2, 128), float("nan"), device=device, dtype=dtype)
+            v_cache = torch.full_like(k_cache, float("nan"))
+            out_loc = torch.randperm(16, device=device)[:5]
+            expected = (rotate64(q, cos, sin, True), rotate64(k, cos, sin, True), v.double())
+            apply_rope_with_kv_cache(q, k, v, k_cache, v_cache, cache, positions, out_loc)
+            return (q, k_cache[out_loc], v_cache[out_loc]), expected
+
+        cases.append(
+            {
+                "op": "apply_rope_with_kv_cache",
+                "shape": f"5x(8+2)x128 neox {name}",
+                "run": with_cache,
+                "tol": tol,
+            }
+        )
+    return cases

@@ -7,4 +7,5 @@ MANIFEST = {
     "ops": {"timestep_embedding": "sgljit_timestep_embedding.ops:timestep_embedding"},
     "kernel_dirs": ["csrc", "sycl"],
     "prebuild": "sgljit_timestep_embedding.ops:prebuild_specs",
+    "check": "sgljit_timestep_embedding.ops:check_cases",
 }

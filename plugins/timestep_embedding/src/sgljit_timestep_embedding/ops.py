@@ -285,3 +285,41 @@ def timestep_embedding(
         t, out, flip_sin_to_cos, float(downscale_freq_shift), float(scale), float(max_period)
     )
     return out
+
+
+def check_cases(device: torch.device) -> list[dict]:
+    """``sgljit check``: against sin/cos in float64 of the fp32 argument (the accuracy contract)."""
+
+    def expected(t: torch.Tensor, dim: int, flip: bool, shift: float) -> torch.Tensor:
+        half = dim // 2
+        # PyTorch's fp32 formula; exp is evaluated in fp64 and rounded once (the plugin's definition)
+        exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32) / (half - shift)
+        freqs = exponent.double().exp().float().to(device)
+        args = (t.float()[:, None] * freqs[None, :]).double()
+        emb = torch.cat([args.cos(), args.sin()] if flip else [args.sin(), args.cos()], -1)
+        return torch.nn.functional.pad(emb, (0, dim % 2))
+
+    cases = []
+    for out_dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        for dim, flip, shift in ((256, False, 0.0), (320, True, 1.0), (129, False, 0.0)):
+
+            def run(dim=dim, flip=flip, shift=shift, out_dtype=out_dtype):
+                t = torch.rand(13, device=device) * 1000
+                out = timestep_embedding(
+                    t, dim, flip_sin_to_cos=flip, downscale_freq_shift=shift, dtype=out_dtype
+                )
+                return out, expected(t, dim, flip, shift)
+
+            flags = (
+                f"dim {dim}" + (" flip" if flip else "") + (f" shift {shift:g}" if shift else "")
+            )
+            name = str(out_dtype).removeprefix("torch.")
+            cases.append(
+                {
+                    "op": "timestep_embedding",
+                    "shape": f"13 x {flags} -> {name}",
+                    "run": run,
+                    "tol": tol,
+                }
+            )
+    return cases

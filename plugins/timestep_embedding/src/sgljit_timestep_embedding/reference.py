@@ -25,7 +25,9 @@ __all__ = ["column_frequencies", "timestep_embedding_fp64", "timestep_embedding_
 
 def column_frequencies(half: int, downscale_freq_shift: float, max_period: float) -> torch.Tensor:
     """fp32 ``freq[j]`` for ``j < half`` (computed on the CPU, so it is the same for every device)."""
-    numerator = torch.arange(half, dtype=torch.float32) * -math.log(max_period)  # fp32 multiplication
+    numerator = torch.arange(half, dtype=torch.float32) * -math.log(
+        max_period
+    )  # fp32 multiplication
     denominator = torch.tensor(half - downscale_freq_shift, dtype=torch.float32).double()
     # The IEEE fp32 quotient: the fp64 quotient of two fp32 values, rounded once, is exactly it.
     exponent = (numerator.double() / denominator).float()
