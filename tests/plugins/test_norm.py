@@ -19,21 +19,7 @@ import torch
 import sgljit
 from sgljit_norm import ops, reference
 
-HAS_CUDA = torch.cuda.is_available()
-
-try:
-    from sgljit import sycl as _sycl
-
-    _sycl.find_runtime()
-    HAS_SYCL = True
-except Exception:  # SYCLRuntimeNotFound (or sgljit built without the SYCL module)
-    HAS_SYCL = False
-
-BACKENDS = [
-    "reference",
-    pytest.param("sycl", marks=pytest.mark.sycl),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+from .common import BACKENDS, HAS_CUDA, SYCL_MISSING
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 TOL = {FP32: (1e-5, 1e-5), FP16: (4e-3, 4e-3), BF16: (2e-2, 2e-2)}  # (rtol, atol)
@@ -162,7 +148,7 @@ def backend_env(request, norm_cache):
         request.getfixturevalue("cuda_modules")
         return "cuda", contextlib.nullcontext
     if backend == "sycl":
-        if not HAS_SYCL:
+        if SYCL_MISSING:
             pytest.skip("SYCL runtime not installed")
         return "cpu", lambda: sgljit.use_backend("sycl")
     return "cpu", lambda: sgljit.use_backend("reference")

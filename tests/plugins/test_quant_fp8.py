@@ -15,9 +15,11 @@ import torch
 import sgljit
 from sgljit_quant_fp8 import ops, reference
 
+from .common import BACKENDS, HAS_CUDA, needs_gpu
+
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8 = (E4M3, E5M2)
-HAVE_CUDA = torch.cuda.is_available()
+
 # The (input dtype, fp8 dtype) specializations the tests run (and the CUDA compile test builds).
 COMBOS = [
     (torch.bfloat16, E4M3),
@@ -26,33 +28,6 @@ COMBOS = [
     (torch.float32, E4M3),
 ]
 COMBO_IDS = ["bf16-e4m3", "bf16-e5m2", "fp16-e5m2", "fp32-e4m3"]
-
-
-def _sycl_missing() -> bool:
-    from sgljit import sycl
-
-    try:
-        sycl.find_runtime()
-    except sycl.SYCLRuntimeNotFound:
-        return True
-    return False
-
-
-BACKENDS = [
-    "reference",
-    pytest.param(
-        "sycl",
-        marks=[
-            pytest.mark.sycl,
-            pytest.mark.skipif(_sycl_missing(), reason="SYCL runtime not installed"),
-        ],
-    ),
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")],
-    ),
-]
-needs_gpu = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")
 
 
 def _device(backend: str) -> str:
@@ -367,7 +342,7 @@ def cuda_build_env(tmp_path_factory):
     """SGLJIT_CUDA_ARCH=9.0a (unless set) and a module-wide private cache dir (one compile per
     specialization for the whole module)."""
     with pytest.MonkeyPatch.context() as mp:
-        if not HAVE_CUDA:
+        if not HAS_CUDA:
             mp.setenv("SGLJIT_CUDA_ARCH", os.environ.get("SGLJIT_CUDA_ARCH", "9.0a"))
             mp.setenv("SGLJIT_CACHE_DIR", str(tmp_path_factory.mktemp("quant_fp8_cache")))
         yield

@@ -15,38 +15,9 @@ import torch
 
 import sgljit
 
+from .common import BACKENDS, HAS_CUDA
+
 ops = pytest.importorskip("sgljit_rope.ops")
-
-HAS_CUDA = torch.cuda.is_available()
-
-
-def _sycl_missing() -> bool:
-    try:
-        from sgljit.sycl import SYCLRuntimeNotFound, find_runtime
-    except ImportError:
-        return True
-    try:
-        find_runtime()
-    except SYCLRuntimeNotFound:
-        return True
-    return False
-
-
-BACKENDS = [
-    "reference",
-    pytest.param(
-        "sycl",
-        marks=[
-            pytest.mark.sycl,
-            pytest.mark.skipif(_sycl_missing(), reason="SYCL runtime not installed"),
-        ],
-    ),
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")],
-    ),
-]
-needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
 
 
 def device_of(backend: str) -> str:

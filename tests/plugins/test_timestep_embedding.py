@@ -20,20 +20,8 @@ import torch
 import sgljit
 from sgljit_timestep_embedding import ops, reference
 
-try:
-    from sgljit import sycl as _sycl
+from .common import BACKENDS, HAS_CUDA, SYCL_MISSING
 
-    _sycl.find_runtime()
-    SYCL_MISSING = False
-except Exception:  # SYCLRuntimeNotFound, or no sycl module at all
-    SYCL_MISSING = True
-
-HAS_CUDA = torch.cuda.is_available()
-BACKENDS = [
-    "reference",
-    pytest.param("sycl", marks=pytest.mark.sycl),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
 OUT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Every dim class of the CUDA kernels: 1 (zero column only), odd (flat kernel), half % 4 != 0
 # (flat for fp32), half % 8 == 4 (rows for fp32, flat for 16-bit), rows for every dtype.
