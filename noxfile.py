@@ -27,19 +27,11 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
 
-def _offline_args() -> tuple[str, ...]:
-    wheelhouse = os.environ.get("SGLJIT_WHEELHOUSE")
-    return ("--no-index", "--find-links", wheelhouse) if wheelhouse else ()
-
-
 def _install_project(session: nox.Session, *extra: str) -> None:
-    offline = _offline_args()
-    if offline:  # a machine without a registry: the project's wheels, nothing else
+    wheelhouse = os.environ.get("SGLJIT_WHEELHOUSE")
+    if wheelhouse:  # a machine without a registry: every wheel given (the project's, tvm-ffi, ...)
         session.install(
-            *offline,
-            "--no-deps",
-            "sgljit",
-            *(f"sgljit-{Path(p).parent.name.replace('_', '-')}" for p in PLUGINS),
+            "--no-index", "--no-deps", *sorted(str(w) for w in Path(wheelhouse).glob("*.whl"))
         )
         return
     session.install(*CONSTRAINTS, "torch==2.13.0", *TEST_DEPS, *extra)
