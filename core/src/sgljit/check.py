@@ -16,7 +16,6 @@ for large values, so one tolerance per dtype fits every op (bf16/fp16 ~2e-2, fp3
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import time
 from typing import Any
@@ -82,7 +81,7 @@ def _max_error(result: Any, expected: Any) -> float:
 def run_checks(plugins: list[str] | None = None, repeats: int = 20) -> int:
     """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
     from .backend import use_backend
-    from .plugins import discover
+    from .plugins import discover, load_target
 
     backends, notes = available_backends()
     rows: list[tuple[str, ...]] = []
@@ -97,8 +96,7 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 20) -> int:
             )
             failed += bool(plugin.error)
             continue
-        module, _, attr = target.partition(":")
-        cases_for = getattr(importlib.import_module(module), attr)
+        cases_for = load_target(target)
         for backend, device in backends:
             for case in cases_for(device):
                 label = f"{backend} ({device.type})"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -30,15 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from .cache import MANIFEST, cache_root
+from .plugins import load_target
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
 
 BACKENDS = ("cuda", "sycl")
-
-
-def _resolve(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], list[str]]:
@@ -61,7 +56,7 @@ def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], 
         if not target:
             continue
         try:
-            specs = _resolve(target)(backend)
+            specs = load_target(target)(backend)
         except Exception as err:
             problems.append(
                 f"plugin {name!r}: {target}({backend!r}) failed: {type(err).__name__}: {err}"
@@ -87,7 +82,7 @@ def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
     os.environ.update(env)
     started = time.perf_counter()
     try:
-        result = _resolve(job["builder"])(job["backend"], **job["spec"])
+        result = load_target(job["builder"])(job["backend"], **job["spec"])
         if hasattr(result, "build"):  # a SYCL module: compile now, not at its first launch
             result.build()
         return True, "", time.perf_counter() - started

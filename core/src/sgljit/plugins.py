@@ -28,7 +28,7 @@ from typing import Any
 from ._version import __version__
 from .errors import PluginError
 
-__all__ = ["ENTRY_POINT_GROUP", "Plugin", "discover", "resolve_op"]
+__all__ = ["ENTRY_POINT_GROUP", "Plugin", "discover", "load_target", "resolve_op"]
 
 ENTRY_POINT_GROUP = "sgljit.plugins"
 
@@ -98,7 +98,8 @@ def _entry_points() -> list[list[str]]:
     return found
 
 
-def _load_entry_point(value: str) -> Any:
+def load_target(value: str) -> Any:
+    """The object a ``"package.module:attr"`` string names (entry points, manifests' op targets)."""
     module, _, attr = value.partition(":")
     obj = importlib.import_module(module.strip())
     for part in attr.strip().split(".") if attr.strip() else ():
@@ -164,7 +165,7 @@ def discover() -> tuple[Plugin, ...]:
             continue
         plugin = Plugin(entry_point=name, distribution=dist)
         try:
-            plugin.manifest = _load_entry_point(value)
+            plugin.manifest = load_target(value)
             plugin.error = _check_manifest(plugin.manifest)
         except Exception as err:
             plugin.error = f"broken: {type(err).__name__}: {err}"
@@ -206,9 +207,8 @@ def resolve_op(op: str) -> Any:
             f"op {op!r} is unavailable: plugin {plugin.distribution} is {plugin.error}"
         )
     target = plugin.ops[op]
-    module_name, _, attr = target.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        return load_target(target)
     except Exception as err:
         raise PluginError(
             f"op {op!r}: plugin {plugin.distribution} failed to load {target}: {type(err).__name__}: {err}"
