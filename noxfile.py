@@ -106,11 +106,8 @@ def build(session: nox.Session) -> None:
         "--dest",
         str(wheelhouse),
         *CONSTRAINTS,
-        "torch==2.13.0",
-        "apache-tvm-ffi",
-        "filelock",
-        "packaging",
-        "ninja",
+        # core's own wheel: pip gathers exactly the dependencies it declares
+        *(str(w) for w in dist.glob("sgljit-0.1.0-*.whl")),
     )
     session.run(
         "pytest",
