@@ -148,3 +148,14 @@ def test_kernel_op_refuses_parameter_names_torch_compile_reserves():
 
     with pytest.raises(ValueError, match=r"\['mode'\] are reserved by torch.compile"):
         kernel_op("test_reserved", mutates_args=("out",))(body)
+
+
+def test_as_dtype_accepts_dtypes_and_their_names():
+    from sgljit.jit_utils import as_dtype
+
+    assert as_dtype(torch.float16) is torch.float16
+    assert as_dtype("bfloat16") is as_dtype("torch.bfloat16") is torch.bfloat16
+    with pytest.raises(TypeError, match=r"out_dtype: 'float128' is not a torch dtype"):
+        as_dtype("float128", "out_dtype")
+    with pytest.raises(TypeError, match=r"dtype: 'cuda' is not a torch dtype"):
+        as_dtype("cuda")  # torch.cuda exists but is no dtype

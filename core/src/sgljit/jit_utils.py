@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["CppArgs", "cache_once", "make_cpp_args", "module_name"]
+__all__ = ["CppArgs", "as_dtype", "cache_once", "make_cpp_args", "module_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,6 +68,23 @@ def make_cpp_args(*values: Any) -> CppArgs:
                 f"make_cpp_args: cannot turn {type(v).__name__} {v!r} into a C++ argument"
             )
     return out
+
+
+def as_dtype(value: Any, name: str = "dtype") -> Any:
+    """A ``torch.dtype`` from a dtype or its name, as prebuild specs may give it.
+
+    >>> import torch
+    >>> as_dtype("bfloat16") is as_dtype("torch.bfloat16") is torch.bfloat16
+    True
+    """
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    dtype = getattr(torch, str(value).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name}: {value!r} is not a torch dtype")
+    return dtype
 
 
 def module_name(*markers: Any) -> str:

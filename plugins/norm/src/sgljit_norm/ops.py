@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import sgljit
+from sgljit.jit_utils import as_dtype
 from sgljit.op import kernel_op
 
 from . import reference
@@ -58,20 +59,10 @@ _CUDA_EXPORTS = {
 _MODULE_OF = {op: kind for kind, exports in _CUDA_EXPORTS.items() for op in exports}
 
 
-def _dtype(value) -> torch.dtype:
-    """A torch dtype from a dtype or its name ("bfloat16", "torch.float16")."""
-    if isinstance(value, torch.dtype):
-        return value
-    dt = getattr(torch, str(value).removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise TypeError(f"not a torch dtype: {value!r}")
-    return dt
-
-
 def compiled_width(dtype, hidden: int) -> int:
     """The width a CUDA module is specialized for: ``hidden`` on the fast path, 0 (generic kernel,
     any width) when ``hidden`` is not a whole number of 16-byte vectors or is too wide."""
-    vec = 16 // _dtype(dtype).itemsize
+    vec = 16 // as_dtype(dtype).itemsize
     if hidden > 0 and hidden % vec == 0 and hidden // vec <= _MAX_VECS_PER_ROW:
         return hidden
     return 0
@@ -88,7 +79,7 @@ def cuda_module(kind: str, dtype, hidden: int, hidden2: int = 0):
         raise ValueError(
             f"cuda_module: unknown kind {kind!r}; expected one of {sorted(_CUDA_EXPORTS)}"
         )
-    t = str(sgljit.make_cpp_args(_dtype(dtype)))
+    t = str(sgljit.make_cpp_args(as_dtype(dtype)))
     hidden, hidden2 = int(hidden), int(hidden2)
     wrappers = [
         (op, target.format(t=t, h=hidden, h2=hidden2)) for op, target in _CUDA_EXPORTS[kind].items()
@@ -109,7 +100,7 @@ def cuda_function(op: str, dtype, hidden: int, hidden2: int = 0):
 def sycl_module(dtype, hidden: int, vec: int):
     """SYCL module with kernels ``rmsnorm``, ``fused_add_rmsnorm`` and ``head_rmsnorm`` for rows
     of ``hidden`` elements, accessed ``vec`` elements at a time (``hidden % vec == 0``)."""
-    t = str(sgljit.make_cpp_args(_dtype(dtype)))
+    t = str(sgljit.make_cpp_args(as_dtype(dtype)))
     hidden, vec = int(hidden), int(vec)
     if vec < 1 or hidden % vec:
         raise ValueError(f"sycl_module: hidden {hidden} is not a multiple of vec {vec}")
@@ -194,7 +185,7 @@ def prebuild(backend: str, op: str, dtype, hidden: int, hidden2: int = 0):
         if op == "qknorm_across_heads":
             return cuda_module(_MODULE_OF[op], dtype, *_across_widths(dtype, hidden, hidden2))
         return cuda_module(_MODULE_OF[op], dtype, compiled_width(dtype, hidden))
-    vec = 16 // _dtype(dtype).itemsize
+    vec = 16 // as_dtype(dtype).itemsize
     mods = [sycl_module(dtype, h, vec if h % vec == 0 else 1) for h in (hidden, hidden2) if h]
     for extra in mods[1:]:
         extra.build()

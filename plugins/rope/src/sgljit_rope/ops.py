@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import sgljit
+from sgljit.jit_utils import as_dtype
 from sgljit.op import kernel_op
 
 from . import reference
@@ -40,20 +41,10 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 # Module loaders (one specialization per dtype, index types, sizes, style and vector width)
 
 
-def _dtype(value) -> torch.dtype:
-    """A torch dtype from a dtype or its name ("bfloat16", "torch.int64")."""
-    if isinstance(value, torch.dtype):
-        return value
-    dt = getattr(torch, str(value).removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise TypeError(f"not a torch dtype: {value!r}")
-    return dt
-
-
 @sgljit.cache_once
 def cuda_module(dtype, idx_dtype, rotary_dim: int, is_neox: bool, vec: int):
     """CUDA module exporting ``apply_rope(q, k, cos_sin_cache, positions)``."""
-    args = sgljit.make_cpp_args(_dtype(dtype), _dtype(idx_dtype), rotary_dim, is_neox, vec)
+    args = sgljit.make_cpp_args(as_dtype(dtype), as_dtype(idx_dtype), rotary_dim, is_neox, vec)
     return sgljit.load_jit(
         "rope",
         args,
@@ -69,7 +60,13 @@ def cuda_kv_module(
 ):
     """CUDA module exporting ``apply_rope_with_kv_cache(q, k, v, k_cache, v_cache, cache, pos, loc)``."""
     args = sgljit.make_cpp_args(
-        _dtype(dtype), _dtype(idx_dtype), _dtype(loc_dtype), head_dim, rotary_dim, is_neox, vec
+        as_dtype(dtype),
+        as_dtype(idx_dtype),
+        as_dtype(loc_dtype),
+        head_dim,
+        rotary_dim,
+        is_neox,
+        vec,
     )
     return sgljit.load_jit(
         "rope_kv",
@@ -85,7 +82,7 @@ def sycl_module(
     dtype, idx_dtype, loc_dtype, head_dim: int, rotary_dim: int, is_neox: bool, vec: int
 ):
     """SYCL module with kernels ``rope_apply`` and ``rope_apply_kv`` (see sycl/rope.hpp)."""
-    t, i, lo = sgljit.make_cpp_args(_dtype(dtype), _dtype(idx_dtype), _dtype(loc_dtype))
+    t, i, lo = sgljit.make_cpp_args(as_dtype(dtype), as_dtype(idx_dtype), as_dtype(loc_dtype))
     return sgljit.load_jit_sycl(
         "rope",
         t,

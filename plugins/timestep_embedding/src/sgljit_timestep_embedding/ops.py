@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import sgljit
+from sgljit.jit_utils import as_dtype
 from sgljit.op import kernel_op
 
 from . import reference
@@ -151,25 +152,16 @@ def prebuild_specs(backend: str = "cuda") -> list[dict[str, Any]]:
     raise ValueError(f"backend: expected 'cuda' or 'sycl', got {backend!r}")
 
 
-def _as_dtype(value: Any, name: str) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        return value
-    dtype = getattr(torch, str(value).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{name}: {value!r} is not a torch dtype")
-    return dtype
-
-
 def prebuild(backend: str, **spec: Any) -> Any:
     """Build (or fetch from the cache) one specialization listed by :func:`prebuild_specs`.
 
     Dtypes may be given as ``torch.dtype`` or by name (``"bfloat16"``).
     """
     if backend == "cuda":
-        return _cuda_module(_as_dtype(spec["out_dtype"], "out_dtype"))
+        return _cuda_module(as_dtype(spec["out_dtype"], "out_dtype"))
     if backend == "sycl":
         return _sycl_kernel(
-            _as_dtype(spec["t_dtype"], "t_dtype"), _as_dtype(spec["out_dtype"], "out_dtype")
+            as_dtype(spec["t_dtype"], "t_dtype"), as_dtype(spec["out_dtype"], "out_dtype")
         )
     raise ValueError(f"backend: expected 'cuda' or 'sycl', got {backend!r}")
 
