@@ -367,7 +367,10 @@ def test_cuda_compiles(cuda_build_env):
 
 
 def test_prebuild_specs_cover_all_dtypes():
-    specs = ops.prebuild_specs()
+    specs = ops.prebuild_specs("cuda")  # called with the backend, as `sgljit build` does
+    assert ops.prebuild_specs("sycl") == specs
+    with pytest.raises(ValueError, match="backend"):
+        ops.prebuild_specs("rocm")
     assert len(specs) == 6
     assert {(s["dtype"], s["fp8_dtype"]) for s in specs} == {
         (d, f) for d in ("bfloat16", "float16", "float32") for f in ("float8_e4m3fn", "float8_e5m2")

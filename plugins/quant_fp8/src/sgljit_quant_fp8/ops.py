@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import sgljit
+from sgljit.jit_utils import as_dtype
 from sgljit.op import kernel_op
 
 from . import reference
@@ -54,22 +55,12 @@ def _dynamic_mode() -> int:
 # Module loaders: one specialization per (input dtype, fp8 dtype)
 
 
-def _dtype(value) -> torch.dtype:
-    """A torch dtype from a dtype or its name ("bfloat16", "torch.float8_e4m3fn")."""
-    if isinstance(value, torch.dtype):
-        return value
-    dt = getattr(torch, str(value).removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise TypeError(f"not a torch dtype: {value!r}")
-    return dt
-
-
 @sgljit.cache_once
 def cuda_module(dtype, fp8_dtype):
     """CUDA module exporting ``per_tensor_static(input, scale, out)``,
     ``per_tensor_dynamic(input, out, scale, workspace, mode)`` and
     ``per_token(input, out, scales)`` (see csrc/quant_fp8.cuh)."""
-    args = sgljit.make_cpp_args(_dtype(dtype), _dtype(fp8_dtype))
+    args = sgljit.make_cpp_args(as_dtype(dtype), as_dtype(fp8_dtype))
     cls = f"sgljit_quant_fp8::QuantFp8<{args}>"
     return sgljit.load_jit(
         "quant_fp8",
@@ -88,8 +79,8 @@ def cuda_module(dtype, fp8_dtype):
 def sycl_module(dtype, fp8_dtype):
     """SYCL module with kernels ``quant_fp8_static``, ``quant_fp8_absmax``, ``quant_fp8_dynamic``
     and ``quant_fp8_per_token`` (see sycl/quant_fp8.hpp)."""
-    fp8 = _dtype(fp8_dtype)
-    t, q = sgljit.make_cpp_args(_dtype(dtype), fp8)
+    fp8 = as_dtype(fp8_dtype)
+    t, q = sgljit.make_cpp_args(as_dtype(dtype), fp8)
     return sgljit.load_jit_sycl(
         "quant_fp8",
         t,
@@ -102,10 +93,14 @@ def sycl_module(dtype, fp8_dtype):
 _LOADERS = {"cuda": cuda_module, "sycl": sycl_module}
 
 
-def prebuild_specs() -> list[dict]:
-    """Specializations a serving fleet needs: every input dtype with both fp8 formats (one module
-    each holds all three ops), as dicts of the loader's arguments; build one with
-    ``prebuild(backend, **spec)``."""
+def prebuild_specs(backend: str = "cuda") -> list[dict]:
+    """Specializations a serving fleet needs on ``backend`` ("cuda" or "sycl"; the same list for
+    both): every input dtype with both fp8 formats (one module each holds all three ops), as dicts
+    of the loader's arguments; build one with ``prebuild(backend, **spec)``."""
+    if backend not in _LOADERS:
+        raise ValueError(
+            f"prebuild_specs: backend must be one of {sorted(_LOADERS)}, got {backend!r}"
+        )
     return [
         {"dtype": dtype, "fp8_dtype": fp8}
         for dtype in ("bfloat16", "float16", "float32")
