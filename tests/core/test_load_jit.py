@@ -248,6 +248,63 @@ def test_cuda_module_builds_for_requested_arch(cache_dir, monkeypatch):
             module.add_one(torch.zeros(4, dtype=torch.bfloat16), 1.0)
 
 
+@pytest.mark.skipif(not has_nvcc(), reason="nvcc not found")
+def test_extra_cuda_cflags_from_env_are_built_and_keyed(cache_dir, monkeypatch):
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
+    args = sgljit.make_cpp_args(torch.float32)
+
+    def build():
+        return sgljit.load_jit(
+            "add_one_flags",
+            *args,
+            cuda_files=["add_one.cuh"],
+            cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
+            source_dir=KERNELS,
+        )
+
+    build()
+    monkeypatch.setenv("SGLJIT_EXTRA_CUDA_CFLAGS", "-DSGLJIT_TEST_FLAG=1 -Xptxas=-O3")
+    build()
+    folders = published(cache_dir, "add_one_flags")
+    assert len(folders) == 2, "the extra flags must give a module of its own"
+    ninjas = [(f / "build.ninja").read_text() for f in folders]
+    assert sum("SGLJIT_TEST_FLAG" in n for n in ninjas) == 1
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_nvcc()), reason="needs a CUDA GPU and nvcc"
+)
+def test_pdl_launches_keep_stream_order_in_a_graph(cache_dir):
+    """add_one is launched with programmatic dependent launch (on sm_90+): 200 launches on one
+    buffer, eager and replayed from a CUDA graph, must each see the previous one's result."""
+    args = sgljit.make_cpp_args(torch.float32)
+    module = sgljit.load_jit(
+        "add_one_pdl",
+        *args,
+        cuda_files=["add_one.cuh"],
+        cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
+        source_dir=KERNELS,
+    )
+    x = torch.randn(1 << 20, device="cuda")
+    start = x.clone()
+    for _ in range(200):
+        module.add_one(x, 1.0)
+    torch.testing.assert_close(x, start + 200, rtol=0, atol=1e-3)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        module.add_one(x, 1.0)  # warm-up outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(200):
+                module.add_one(x, 1.0)
+    torch.cuda.synchronize()
+    x.copy_(start)
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(x, start + 400, rtol=0, atol=1e-3)
+
+
 def test_arch_override_is_validated(monkeypatch):
     from sgljit.toolchain import cuda_arch_list
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -48,6 +49,12 @@ def _translation_unit(files: Sequence[str], wrappers: Iterable[tuple[str, str]])
 def _strip_paths(flags: Iterable[str]) -> list[str]:
     """Flags for the key: include paths are hashed by content instead, so the key is portable."""
     return [f for f in flags if not f.startswith(("-I", "-isystem"))]
+
+
+def extra_cuda_cflags_from_env() -> list[str]:
+    """``SGLJIT_EXTRA_CUDA_CFLAGS`` (shell-quoted): nvcc flags added to every CUDA build, e.g.
+    ``-DSGLJIT_PDL=0`` or ``-Xptxas -v``. They are part of the cache key like any other flag."""
+    return shlex.split(os.environ.get("SGLJIT_EXTRA_CUDA_CFLAGS", ""))
 
 
 def load_jit(
@@ -98,7 +105,7 @@ def load_jit(
         files[f"{name}_cuda.cu"] = _translation_unit(cuda_files, cuda_wrappers)
 
     cflags = [*DEFAULT_CFLAGS, *extra_cflags]
-    cuda_cflags = [*DEFAULT_CUDA_CFLAGS, *extra_cuda_cflags]
+    cuda_cflags = [*DEFAULT_CUDA_CFLAGS, *extra_cuda_cflags, *extra_cuda_cflags_from_env()]
     fingerprint = [
         "tvm-ffi " + tvm_ffi.__version__,
         TOOLCHAIN + "c++ " + compiler_identity(host_cxx()),

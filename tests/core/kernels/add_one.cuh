@@ -8,6 +8,8 @@
 
 template <typename T>
 __global__ void add_one_kernel(T* x, int64_t n, float value) {
+  sgljit::pdl_wait();  // launched with PDL: the previous kernel's writes to x must be visible
+  sgljit::pdl_launch_dependents();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) x[i] = sgljit::from_float<T>(sgljit::to_float(x[i]) + value);
 }
@@ -22,6 +24,7 @@ struct AddOneCuda {
     TensorMatcher({n}).contiguous().with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "x");
     const int threads = 256;
     LaunchKernel(add_one_kernel<T>, dim3(div_ceil<int64_t>(n.value(), threads)), dim3(threads), 0, dev.value(),
-                 "add_one_kernel")(static_cast<T*>(x.data_ptr()), n.value(), static_cast<float>(value));
+                 "add_one_kernel")
+        .pdl()(static_cast<T*>(x.data_ptr()), n.value(), static_cast<float>(value));
   }
 };
