@@ -589,6 +589,7 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=f"benchmark the {family} family")
     ap.add_argument("--tokens", help="only these token counts (comma separated)")
     ap.add_argument("--providers", help="only these providers (comma separated)")
+    ap.add_argument("--ops", help="only these ops (comma separated)")
     ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
     ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")
     ap.add_argument("--max-copy-gib", type=float, default=16.0, help="cap on memory of copies")
@@ -610,6 +611,13 @@ def run_family(family: str, ops: Iterable[Op], argv: Sequence[str] | None = None
     (and without --dry-run) it prints a skip line and returns 0."""
     args = parse_args(argv, family)
     ops = list(ops)
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        unknown = wanted - {op.name for op in ops}
+        if unknown:
+            print(f"unknown op(s) {sorted(unknown)}; {family} has {[op.name for op in ops]}")
+            return 2
+        ops = [op for op in ops if op.name in wanted]
     if not args.dry_run and not torch.cuda.is_available():
         print(
             f"SKIP bench_{family}: needs a CUDA GPU (torch.cuda.is_available() is False); "

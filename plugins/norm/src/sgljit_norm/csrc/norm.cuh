@@ -5,15 +5,17 @@
 //
 // Fast path (the row width H is a template argument, H a whole number of 16-byte vectors, at most 4096
 // of them; 16-byte aligned rows):
-//  * a row is spread over kThreads threads ("a row group"), each holding about 4 (fused add: 2)
-//    16-byte vectors of the row in registers, so x is read from memory once; up to 128 (64) vectors
-//    per row the group is a (sub-)warp and the reduction is shuffles only, beyond it is a multi-warp
-//    group reduced through double-buffered shared memory (one barrier per row);
-//  * the grid is persistent: one wave of blocks (SM count x resident blocks), grid-striding over rows;
-//    the weight is loaded once per thread and the next row is prefetched into registers while the
-//    current one is reduced and written (at most 64 registers a thread: no spills, >= 50% occupancy);
+//  * a row is spread over kThreads threads ("a row group"), each holding NORM_VECS_PER_THREAD (fused
+//    add: half as many) 16-byte vectors of the row and of the weight in registers, loaded together, so
+//    x is read from memory once and a row costs one memory round trip; up to 32 threads the group is a
+//    (sub-)warp reduced with shuffles only, beyond it a multi-warp group reduced through shared memory;
+//  * one row group per block, grid = row groups: the hardware scheduler overlaps one block's
+//    reduction and stores with other blocks' loads, which measured faster than a persistent
+//    grid-striding wave with the next row prefetched (NORM_PERSISTENT=1 keeps that variant);
 //  * loads are streaming (no L1 allocation, 256-byte L2 prefetch), stores are plain (the next layer reads
-//    the output soon).
+//    the output soon);
+//  * launched with programmatic dependent launch: the block waits for the previous kernel before its
+//    first access, and the launch latency overlaps that kernel's tail.
 // A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
 // rest on set b, each share sized by its number of rows.
 //
@@ -53,6 +55,22 @@ constexpr int pow2_ceil(int x) {
 // rows up to 32768 elements, fp32 rows up to 16384.
 inline constexpr int kMaxVecsPerRow = 4096;
 
+// Tuning knobs (benchmarks/NOTES.md has the measurements behind the defaults); each can be set with
+// SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=value" to compare alternatives.
+#ifndef NORM_PERSISTENT  // 1: one wave of blocks grid-striding over rows; 0: one row group per block
+#define NORM_PERSISTENT 0
+#endif
+#ifndef NORM_VECS_PER_THREAD  // 16-byte vectors of a row a thread aims to hold (halved for the fused add)
+#define NORM_VECS_PER_THREAD 2
+#endif
+#ifndef NORM_LOAD  // 0: ld.global.nc with L1::no_allocate + L2::256B prefetch; 1: plain ld.global.nc
+#define NORM_LOAD 0
+#endif
+#ifndef NORM_THREADS_PER_SM  // resident threads per SM the register budget is sized for
+#define NORM_THREADS_PER_SM 1024
+#endif
+inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
+
 // How a row of kH elements of T is spread over threads. kStreams: rows read per row (2 for the fused
 // add: input and residual), which halves the vectors a thread holds.
 template <typename T, int kH, int kStreams = 1>
@@ -60,18 +78,20 @@ struct RowConfig {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
   static constexpr int kNumVec = kH / kVec;                        // vectors per row
   static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= kMaxVecsPerRow;
-  static constexpr int kTarget = 4 / kStreams;  // vectors per thread we aim for
-  // Up to 32 * kTarget vectors (bf16 H <= 1024 for rmsnorm): a power-of-two sub-warp.
+  static constexpr int kTarget = std::max(1, NORM_VECS_PER_THREAD / kStreams);  // vectors per thread
+  // Up to 32 * kTarget vectors: a power-of-two sub-warp, reduced with shuffles only.
   // Beyond: a power-of-two multi-warp group of 64..1024 threads.
   static constexpr int kThreads =
       !kValid                       ? 1
       : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(kNumVec))
                                     : std::clamp(pow2_ceil(div_ceil(kNumVec, kTarget)), 64, 1024);
   static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
-  // Within the target a thread keeps the weight in registers and prefetches its next row; wider rows
-  // (only where 1024 threads are not enough) read the weight from L1 and do not prefetch, so that
-  // they stay within 64 registers without spilling.
-  static constexpr bool kPrefetch = kVecsPerThread <= kTarget;
+  // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
+  // memory round trip); wider rows (only where 1024 threads are not enough) read the weight from L1
+  // after the reduction, to stay within the register budget without spilling.
+  static constexpr bool kWeightInRegs = kVecsPerThread <= std::max(kTarget, 4 / kStreams);
+  // Persistent blocks prefetch their next row into registers while finishing the current one.
+  static constexpr bool kPrefetch = kPersistent && kWeightInRegs;
 };
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
@@ -108,14 +128,18 @@ SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T>& s, int64_t row) {
   return {o * s.in_s0 + i * s.in_s1, o * s.out_s0 + i * s.out_s1, o * s.res_s0 + i * s.res_s1};
 }
 
-// 16-byte streaming load: bypass L1 (each byte is read once), ask L2 to fetch 256-byte sectors.
+// 16-byte load of a row: each byte is read once, so by default bypass L1 and ask L2 for 256-byte sectors.
 template <typename V>
 SGLJIT_DEVICE void load_stream(V& v, const void* ptr) {
   static_assert(sizeof(V) == 16, "load_stream moves 16 bytes");
   uint4 r;
+#if NORM_LOAD == 0
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(ptr));
+#else
+  r = __ldg(static_cast<const uint4*>(ptr));
+#endif
   memcpy(&v, &r, sizeof(V));
 }
 
@@ -144,7 +168,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
   using Cfg = RowConfig<T, kH, kFused ? 2 : 1>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
-  constexpr bool kPrefetch = Cfg::kPrefetch;
+  constexpr bool kPrefetch = Cfg::kPrefetch, kWeightInRegs = Cfg::kWeightInRegs;
   constexpr int kRowsPerBlock = kBlock / kTPR;
   static_assert(kBlock % kTPR == 0, "a block holds whole row groups");
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
@@ -159,8 +183,8 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
   auto has = [lane](int j) { return kExact || j * kTPR + lane < kNumVec; };
   auto col = [lane](int j) { return (j * kTPR + lane) * kVec; };
 
-  V w[kPrefetch ? kVPT : 1];
-  if constexpr (kPrefetch) {
+  V w[kWeightInRegs ? kVPT : 1];
+  if constexpr (kWeightInRegs) {
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       if (has(j)) w[j].load(s.weight + col(j));
@@ -233,7 +257,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
       for (int j = 0; j < kVPT; ++j) {
         if (has(j)) {
           V wv;
-          if constexpr (kPrefetch) {
+          if constexpr (kWeightInRegs) {
             wv = w[j];
           } else {
             wv.load(s.weight + col(j));
@@ -265,9 +289,11 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
 }
 
 template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB>
-__global__ void __launch_bounds__(kBlock, std::max(1, (kHB > 0 ? 768 : 1024) / kBlock))
+__global__ void __launch_bounds__(kBlock, std::max(1, (kHB > 0 ? NORM_THREADS_PER_SM * 3 / 4 : NORM_THREADS_PER_SM) / kBlock))
     norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps) {
   __shared__ float red[2 * (kBlock / 32)];
+  sgljit::pdl_wait();
+  sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
     norm_rows<T, kHA, kBlock, kGemma, kFused>(a, blockIdx.x, grid_a, eps, red);
   } else {
@@ -312,6 +338,8 @@ __global__ void __launch_bounds__(kGenericThreads)
     norm_generic_kernel(const RowSet<T> a, const int64_t ha, const RowSet<T> b, const int64_t hb,
                         const int grid_a, const float eps) {
   __shared__ float red[32];
+  sgljit::pdl_wait();
+  sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
     norm_rows_generic<T, kGemma, kFused>(a, ha, blockIdx.x, grid_a, eps, red);
   } else {
@@ -370,9 +398,11 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
       if constexpr (kHB > 0) {
         if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kStreams>::kThreads);
       }
+      // Not persistent: a block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
+      const int64_t cap = kPersistent ? static_cast<int64_t>(sms) * resident : int64_t{0x7fffffff};
       int grid_a = 0, grid = 0;
-      split_grid(ga, gb, static_cast<int64_t>(sms) * resident, &grid_a, &grid);
-      sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name)(a, b, grid_a, eps);
+      split_grid(ga, gb, cap, &grid_a, &grid);
+      sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps);
       return;
     }
   }
@@ -385,7 +415,7 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
   }();
   int grid_a = 0, grid = 0;
   split_grid(a.rows, has_b ? b.rows : 0, static_cast<int64_t>(sms) * resident, &grid_a, &grid);
-  sgljit::LaunchKernel(kernel, grid, kGenericThreads, 0, device, name)(a, ha, has_b ? b : a, has_b ? hb : ha,
+  sgljit::LaunchKernel(kernel, grid, kGenericThreads, 0, device, name).pdl()(a, ha, has_b ? b : a, has_b ? hb : ha,
                                                                         grid_a, eps);
 }
 
