@@ -2,13 +2,28 @@
 // variant that also stores the rotated k and v into a paged KV cache.
 //
 // Work decomposition. A *lane group* of kLanes = (ROT / 2) / VEC threads owns one head: lane l
-// holds the VEC rotary pairs [l*VEC, l*VEC + VEC) — two 16-byte vectors of the head (neox: at
-// l*VEC and ROT/2 + l*VEC; gptj: the 2*VEC contiguous elements at 2*l*VEC) and the matching VEC
-// cos and VEC sin values. A *work item* is (token, chunk of up to kHeads heads of one tensor):
-// the group loads all its heads' vectors first (kHeads * 2 independent 16-byte loads in flight per
-// thread), reads the token's position and its cos/sin once, then rotates and stores every head.
+// holds VEC rotary pairs in two 16-byte vectors of the head, at l*VEC and ROT/2 + l*VEC, and the
+// matching VEC cos and VEC sin values. neox: pair p of the lane is (a[p], b[p]), cos/sin index
+// l*VEC + p. gptj: pairs are adjacent elements, so each vector holds VEC/2 whole pairs (cos/sin
+// indices l*VEC/2 + p for a, ROT/4 + l*VEC/2 + p for b); this keeps every warp access contiguous,
+// where giving a lane 2*VEC contiguous elements made each load/store instruction touch half of
+// every 32-byte sector (twice the L1/L2 transactions; gptj ran at 78% of the ceiling).
+// ROPE_GPTJ_SPLIT=0 restores that layout; VEC == 1 (one element per vector) always uses it.
+// A *work item* is (token, chunk of up to kHeads heads of one tensor): the group loads all its
+// heads' vectors first (kHeads * 2 independent 16-byte loads in flight per thread), reads the
+// token's position and its cos/sin once, then rotates and stores every head. More heads per item
+// re-read cos/sin (L1/L2 traffic, half the head's bytes in fp32) less often but need more
+// registers (ROPE_HEADS_PER_ITEM, 16-byte vectors of 2-byte types only; 4 heads need ~80).
+// Heads are held as 32-bit words (HeadVec), so every load and store stays one 16-byte access.
 // q and k chunks (and, for the KV variant, k-store and v-copy chunks) are items of one launch.
-// The grid is persistent: at most as many blocks as fit on the GPU at once, striding over items.
+// The grid is persistent: at most as many blocks as fit on the GPU at once, striding over items;
+// a thread steps its (token, chunk) by the stride's quotient and remainder (no 64-bit division
+// per item: it sat before the first load of every item).
+//
+// Programmatic dependent launch: each kernel waits for the previous kernel on the stream
+// (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
+// shapes (one token) are a launch plus two dependent memory round trips (position, then cos/sin),
+// and PDL hides the launch behind the previous kernel's tail.
 //
 // Out-of-range indices never touch memory out of bounds: a position outside [0, max_pos) leaves
 // the token unrotated; an out_loc outside [0, num_slots) skips the token's cache store.
@@ -22,12 +37,23 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace sgljit_rope {
 
 using namespace sgljit;
 
 inline constexpr int kBlockTarget = 256;  // threads per block (rounded down to whole lane groups)
+
+// Heads per work item for 16-byte vectors of 2-byte types (VEC >= 8); narrower vectors take 4.
+#ifndef ROPE_HEADS_PER_ITEM
+#define ROPE_HEADS_PER_ITEM 2
+#endif
+// gptj with each 16-byte vector holding whole pairs, contiguous across the lane group (see above).
+#ifndef ROPE_GPTJ_SPLIT
+#define ROPE_GPTJ_SPLIT 1
+#endif
 
 template <int ROT, int VEC>
 struct Geometry {
@@ -39,16 +65,30 @@ struct Geometry {
   // cos/sin are fp32: loaded in chunks of at most 4 floats (16 bytes).
   static constexpr int kCosVec = VEC < 4 ? VEC : 4;
   // Heads per work item: kHeads * 2 vectors of loads in flight per thread, within the budget below.
-  static constexpr int kHeads = VEC >= 8 ? 2 : 4;
-  // Blocks per SM the register budget must allow: 64 registers per thread (half occupancy is
-  // plenty: every thread keeps kHeads * 2 16-byte loads in flight).
-  static constexpr int kMinBlocks = 2048 / 2 / kBlock > 0 ? 2048 / 2 / kBlock : 1;
-  // The KV kernel (three kinds of item: q, k + store, v copy) needs ~80: 3/8 occupancy.
+  static constexpr int kHeads = VEC >= 8 ? ROPE_HEADS_PER_ITEM : 4;
+  static_assert(kHeads >= 1 && kHeads <= 8, "ROPE_HEADS_PER_ITEM must be in [1, 8]");
+  // Register budget per thread: 64 (half occupancy is plenty: every thread keeps kHeads * 2 16-byte
+  // loads in flight; 2 heads of bf16 take 56). 4 heads of bf16 take ~78 under an 80 cap, no spill
+  // (3/8 occupancy; a 64 cap spills). ROPE_MAX_REGS overrides the budget.
+#ifdef ROPE_MAX_REGS
+  static constexpr int kRegs = ROPE_MAX_REGS;
+#else
+  static constexpr int kRegs = kHeads * VEC > 16 ? 80 : 64;
+#endif
+  static constexpr int kMinBlocks = 65536 / (kRegs * kBlock) > 0 ? 65536 / (kRegs * kBlock) : 1;
+  // The KV kernel (three kinds of item: q, k + store, v copy) keeps 2 heads per item for 16-byte
+  // vectors of 2-byte types and takes 72-80 registers: 3/8 occupancy.
+  static constexpr int kHeadsKV = VEC >= 8 ? 2 : 4;
   static constexpr int kMinBlocksKV = 768 / kBlock > 0 ? 768 / kBlock : 1;
+  // gptj with whole pairs per vector (needs an even VEC); cos/sin then come VEC/2 per vector side.
+  template <bool NEOX>
+  static constexpr bool kSplit = !NEOX && ROPE_GPTJ_SPLIT && VEC >= 2;
 };
 
 struct RopeParams {
-  int64_t num_items;     // num_tokens * chunks_per_token
+  int64_t num_tokens;
+  int64_t step_tokens;   // the grid's stride in items (gridDim.x * groups), as whole tokens ...
+  int32_t step_chunks;   // ... plus chunks (< chunks)
   int32_t chunks;        // chunks per token
   int32_t q_chunks;      // chunks of q heads (the first chunks of a token)
   int32_t k_chunks;      // chunks of k heads (next); the KV variant adds k_chunks v chunks
@@ -63,24 +103,69 @@ struct RopeParams {
   int64_t num_slots;
 };
 
+// Element offsets in the head of the lane's two vectors.
 template <int ROT, bool NEOX, int VEC>
 SGLJIT_DEVICE int first_offset(int lane) {
-  return NEOX ? lane * VEC : lane * 2 * VEC;
+  return NEOX || Geometry<ROT, VEC>::template kSplit<NEOX> ? lane * VEC : lane * 2 * VEC;
 }
 template <int ROT, bool NEOX, int VEC>
 SGLJIT_DEVICE int second_offset(int lane) {
-  return NEOX ? ROT / 2 + lane * VEC : lane * 2 * VEC + VEC;
+  return NEOX || Geometry<ROT, VEC>::template kSplit<NEOX> ? ROT / 2 + lane * VEC : lane * 2 * VEC + VEC;
 }
+
+// VEC elements of one 16-byte (or narrower) vector of a head, as registers. 2-byte types are kept
+// as 32-bit words of two elements: held as VEC 2-byte scalars, a vector whose load is conditional
+// took one register per element (4 heads of bf16 needed 118 registers instead of ~80).
+template <typename T, int VEC>
+struct HeadVec {
+  static constexpr bool kPacked = sizeof(T) == 2 && VEC % 2 == 0;
+  using Word = std::conditional_t<kPacked, uint32_t, T>;
+  static constexpr int kWords = kPacked ? VEC / 2 : VEC;
+  AlignedVector<Word, kWords> w;
+
+  SGLJIT_DEVICE void load(const T* ptr) { w.load(reinterpret_cast<const Word*>(ptr)); }
+  SGLJIT_DEVICE void store(T* ptr) const { w.store(reinterpret_cast<Word*>(ptr)); }
+
+  SGLJIT_DEVICE void to_floats(float* x) const {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      if constexpr (!kPacked) {
+        x[i] = to_float(w[i]);
+      } else if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 -> fp32 is a shift
+        x[2 * i] = __uint_as_float(w[i] << 16);
+        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      } else {
+        __half2 h;
+        memcpy(&h, &w[i], sizeof(h));
+        const float2 f = __half22float2(h);
+        x[2 * i] = f.x;
+        x[2 * i + 1] = f.y;
+      }
+    }
+  }
+  // Round to nearest even, as from_float<T> (one packing conversion per word).
+  SGLJIT_DEVICE void from_floats(const float* y) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      if constexpr (!kPacked) {
+        w[i] = from_float<T>(y[i]);
+      } else if constexpr (std::is_same_v<T, bf16_t>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
+        memcpy(&w[i], &h, sizeof(h));
+      } else {
+        const __half2 h = __floats2half2_rn(y[2 * i], y[2 * i + 1]);
+        memcpy(&w[i], &h, sizeof(h));
+      }
+    }
+  }
+};
 
 // Rotates the lane's VEC pairs held in (a, b) by cos c[] / sin s[] (fp32 math).
 template <typename T, bool NEOX, int VEC>
-SGLJIT_DEVICE void rotate(AlignedVector<T, VEC>& a, AlignedVector<T, VEC>& b, const float* c, const float* s) {
+SGLJIT_DEVICE void rotate(HeadVec<T, VEC>& a, HeadVec<T, VEC>& b, const float* c, const float* s) {
   float x[2 * VEC];
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    x[i] = to_float(a[i]);
-    x[VEC + i] = to_float(b[i]);
-  }
+  a.to_floats(x);
+  b.to_floats(x + VEC);
   float y[2 * VEC];
 #pragma unroll
   for (int p = 0; p < VEC; ++p) {
@@ -90,25 +175,40 @@ SGLJIT_DEVICE void rotate(AlignedVector<T, VEC>& a, AlignedVector<T, VEC>& b, co
     y[i1] = x[i1] * c[p] - x[i2] * s[p];
     y[i2] = x[i2] * c[p] + x[i1] * s[p];
   }
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) {
-    a[i] = from_float<T>(y[i]);
-    b[i] = from_float<T>(y[VEC + i]);
-  }
+  a.from_floats(y);
+  b.from_floats(y + VEC);
 }
 
-template <int ROT, int VEC>
+// cos/sin of the lane's VEC pairs, in the order rotate() takes them.
+template <int ROT, bool NEOX, int VEC>
 SGLJIT_DEVICE void load_cos_sin(const float* __restrict__ row, int lane, float* c, float* s) {
   using G = Geometry<ROT, VEC>;
+  if constexpr (G::template kSplit<NEOX>) {
+    // Pairs of vector a at lane*VEC/2, of vector b at ROT/4 + lane*VEC/2 (chunks of <= 4 floats).
+    constexpr int kH = VEC / 2, kW = kH < 4 ? kH : 4;
 #pragma unroll
-  for (int i = 0; i < VEC; i += G::kCosVec) {
-    AlignedVector<float, G::kCosVec> cv, sv;
-    cv.load(row + lane * VEC + i);
-    sv.load(row + G::kHalf + lane * VEC + i);
+    for (int i = 0; i < VEC; i += kW) {
+      const int idx = (i < kH ? 0 : ROT / 4 - kH) + lane * kH + i;
+      AlignedVector<float, kW> cv, sv;
+      cv.load(row + idx);
+      sv.load(row + G::kHalf + idx);
 #pragma unroll
-    for (int j = 0; j < G::kCosVec; ++j) {
-      c[i + j] = cv[j];
-      s[i + j] = sv[j];
+      for (int j = 0; j < kW; ++j) {
+        c[i + j] = cv[j];
+        s[i + j] = sv[j];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i += G::kCosVec) {
+      AlignedVector<float, G::kCosVec> cv, sv;
+      cv.load(row + lane * VEC + i);
+      sv.load(row + G::kHalf + lane * VEC + i);
+#pragma unroll
+      for (int j = 0; j < G::kCosVec; ++j) {
+        c[i + j] = cv[j];
+        s[i + j] = sv[j];
+      }
     }
   }
 }
@@ -118,12 +218,30 @@ SGLJIT_DEVICE bool in_range(IdxT v, int64_t n) {
   return static_cast<int64_t>(v) >= 0 && static_cast<int64_t>(v) < n;
 }
 
+// The persistent grid's walk over items (token t, chunk c): the first item is the thread's group
+// index in the grid (small: one division), then t/c advance by the grid's stride, host-divided.
+struct ItemWalk {
+  int64_t t;
+  int chunk;
+
+  SGLJIT_DEVICE ItemWalk(const RopeParams& p, int lanes, int groups) {
+    const int first = blockIdx.x * groups + threadIdx.x / lanes;
+    t = first / p.chunks;
+    chunk = first - static_cast<int>(t) * p.chunks;
+  }
+  SGLJIT_DEVICE void next(const RopeParams& p) {
+    t += p.step_tokens;
+    chunk += p.step_chunks;
+    if (chunk >= p.chunks) chunk -= p.chunks, ++t;
+  }
+};
+
 // Loads the rotary part of `nheads` (<= HEADS) heads from src, rotates it by cos/sin `row` (no
 // rotation when row is null), stores it to dst (which may be src). All loads are issued first.
 template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
 SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
                               const float* __restrict__ row) {
-  using Vec = AlignedVector<T, VEC>;
+  using Vec = HeadVec<T, VEC>;
   const int off1 = first_offset<ROT, NEOX, VEC>(lane);
   const int off2 = second_offset<ROT, NEOX, VEC>(lane);
   Vec a[HEADS], b[HEADS];
@@ -136,7 +254,7 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
   }
   if (row != nullptr) {
     float c[VEC], s[VEC];
-    load_cos_sin<ROT, VEC>(row, lane, c, s);
+    load_cos_sin<ROT, NEOX, VEC>(row, lane, c, s);
 #pragma unroll
     for (int h = 0; h < HEADS; ++h) {
       if (h < nheads) rotate<T, NEOX, VEC>(a[h], b[h], c, s);
@@ -158,12 +276,12 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
     rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
+  pdl_wait();  // q, k, positions may be written by the previous kernel
+  pdl_launch_dependents();
   const int lane = threadIdx.x % G::kLanes;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * G::kGroups;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * G::kGroups + threadIdx.x / G::kLanes; item < p.num_items;
-       item += stride) {
-    const int64_t t = item / p.chunks;
-    const int chunk = static_cast<int>(item - t * p.chunks);
+  for (ItemWalk w(p, G::kLanes, G::kGroups); w.t < p.num_tokens; w.next(p)) {
+    const int64_t t = w.t;
+    const int chunk = w.chunk;
     const bool is_q = chunk < p.q_chunks;
     const int h0 = (is_q ? chunk : chunk - p.q_chunks) * G::kHeads;
     const int nheads = min(G::kHeads, (is_q ? p.q_heads : p.k_heads) - h0);
@@ -173,13 +291,13 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
     // The heads' loads do not depend on the position: issue them first, so the position's load
     // overlaps them and only the cos/sin load waits for it (one memory round trip less; it is
     // what a single token's latency is made of).
-    using Vec = AlignedVector<T, VEC>;
+    using Vec = HeadVec<T, VEC>;
     const int off1 = first_offset<ROT, NEOX, VEC>(lane);
     const int off2 = second_offset<ROT, NEOX, VEC>(lane);
     Vec a[G::kHeads], b[G::kHeads];
 #pragma unroll
     for (int h = 0; h < G::kHeads; ++h) {
-      if (h < nheads) {
+      if (h < nheads) {  // (unconditional loads get sunk below the position's check)
         a[h].load(base + h * hs + off1);
         b[h].load(base + h * hs + off2);
       }
@@ -187,7 +305,7 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
     const IdxT pos = positions[t];
     if (!in_range(pos, p.max_pos)) continue;  // out of range: leave the token unrotated
     float c[VEC], s[VEC];
-    load_cos_sin<ROT, VEC>(cos_sin + static_cast<int64_t>(pos) * p.cache_stride, lane, c, s);
+    load_cos_sin<ROT, NEOX, VEC>(cos_sin + static_cast<int64_t>(pos) * p.cache_stride, lane, c, s);
 #pragma unroll
     for (int h = 0; h < G::kHeads; ++h) {
       if (h < nheads) {
@@ -213,7 +331,7 @@ SGLJIT_DEVICE void copy_heads(const T* __restrict__ src, int64_t src_hs, T* __re
     constexpr int kPerLane = (kVecs + LANES - 1) / LANES;
     constexpr int kTotal = HEADS * kPerLane;
     constexpr int kBatch = 4;
-    using Vec = AlignedVector<T, VEC>;
+    using Vec = HeadVec<T, VEC>;
 #pragma unroll
     for (int f0 = 0; f0 < kTotal; f0 += kBatch) {
       Vec buf[kBatch];
@@ -259,19 +377,20 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
                    T* __restrict__ v_cache, const float* __restrict__ cos_sin, const IdxT* __restrict__ positions,
                    const LocT* __restrict__ out_loc, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
+  constexpr int H = G::kHeadsKV;
+  pdl_wait();  // every input may be written by the previous kernel
+  pdl_launch_dependents();
   const int lane = threadIdx.x % G::kLanes;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * G::kGroups;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * G::kGroups + threadIdx.x / G::kLanes; item < p.num_items;
-       item += stride) {
-    const int64_t t = item / p.chunks;
-    const int chunk = static_cast<int>(item - t * p.chunks);
+  for (ItemWalk w(p, G::kLanes, G::kGroups); w.t < p.num_tokens; w.next(p)) {
+    const int64_t t = w.t;
+    const int chunk = w.chunk;
     const IdxT pos = positions[t];
     const float* row = in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
     if (chunk < p.q_chunks) {  // q: rotate in place (out-of-range position: untouched)
-      const int h0 = chunk * G::kHeads;
+      const int h0 = chunk * H;
       if (row != nullptr) {
-        kv_q_item<T, ROT, NEOX, VEC, G::kHeads>(q + t * p.q_stride_t + h0 * p.q_stride_h, p.q_stride_h,
-                                                min(G::kHeads, p.q_heads - h0), lane, row);
+        kv_q_item<T, ROT, NEOX, VEC, H>(q + t * p.q_stride_t + h0 * p.q_stride_h, p.q_stride_h,
+                                        min(H, p.q_heads - h0), lane, row);
       }
       continue;
     }
@@ -279,15 +398,15 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
     if (!in_range(loc, p.num_slots)) continue;  // out of range: no store for this token
     const int64_t slot = static_cast<int64_t>(loc);
     if (chunk < p.q_chunks + p.k_chunks) {  // k: rotated into k_cache (unrotated if no row)
-      const int h0 = (chunk - p.q_chunks) * G::kHeads;
-      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, G::kHeads>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
-                                                        k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h,
-                                                        p.kc_stride_h, min(G::kHeads, p.k_heads - h0), lane, row);
+      const int h0 = (chunk - p.q_chunks) * H;
+      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
+                                                k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h, p.kc_stride_h,
+                                                min(H, p.k_heads - h0), lane, row);
     } else {  // v: copied into v_cache
-      const int h0 = (chunk - p.q_chunks - p.k_chunks) * G::kHeads;
-      kv_v_item<T, HEAD_DIM, G::kLanes, VEC, G::kHeads>(v + t * p.v_stride_t + h0 * p.v_stride_h, p.v_stride_h,
-                                                        v_cache + slot * p.vc_stride_s + h0 * p.vc_stride_h,
-                                                        p.vc_stride_h, min(G::kHeads, p.k_heads - h0), lane);
+      const int h0 = (chunk - p.q_chunks - p.k_chunks) * H;
+      kv_v_item<T, HEAD_DIM, G::kLanes, VEC, H>(v + t * p.v_stride_t + h0 * p.v_stride_h, p.v_stride_h,
+                                                v_cache + slot * p.vc_stride_s + h0 * p.vc_stride_h, p.vc_stride_h,
+                                                min(H, p.k_heads - h0), lane);
     }
   }
 }
@@ -295,17 +414,22 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
 // ------------------------------------------------------------------------------------------------
 // Host side.
 
-// Persistent grid: enough blocks for the work, at most as many as are resident at once.
+// Persistent grid: enough blocks for the work, at most as many as are resident at once. Sets the
+// items' count and the grid's stride in p (chunks must be set).
 template <auto Kernel>
-inline int grid_size(int block, int64_t num_items, int groups, int device_id) {
+inline int grid_size(int block, int groups, int device_id, RopeParams& p) {
   static const int blocks_per_sm = [block] {
     int n = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0), "cudaOccupancyMaxActiveBlocks");
     return std::max(n, 1);
   }();
-  const int64_t needed = div_ceil<int64_t>(num_items, groups);
+  const int64_t needed = div_ceil<int64_t>(p.num_tokens * p.chunks, groups);
   const int64_t resident = static_cast<int64_t>(num_sms(device_id)) * blocks_per_sm;
-  return static_cast<int>(std::min(needed, resident));
+  const int grid = static_cast<int>(std::min(needed, resident));
+  const int64_t stride = static_cast<int64_t>(grid) * groups;  // < 2^31: resident groups
+  p.step_tokens = stride / p.chunks;
+  p.step_chunks = static_cast<int32_t>(stride % p.chunks);
+  return grid;
 }
 
 inline void check_aligned(const TensorView& t, int vec_bytes, const char* name) {
@@ -357,18 +481,18 @@ struct RopeKernel {
     p.q_chunks = div_ceil(p.q_heads, G::kHeads);
     p.k_chunks = div_ceil(p.k_heads, G::kHeads);
     p.chunks = p.q_chunks + p.k_chunks;
-    p.num_items = n * p.chunks;
+    p.num_tokens = n;
     p.q_stride_t = q.stride(0);
     p.q_stride_h = q.stride(1);
     p.k_stride_t = k.stride(0);
     p.k_stride_h = k.stride(1);
     p.cache_stride = cos_sin_cache.stride(0);
     p.max_pos = P.value();
-    if (p.num_items == 0) return;
+    if (n == 0) return;
     const DLDevice device = dev.value();
     constexpr auto kernel = rope_kernel<T, IdxT, ROT, NEOX, VEC>;
-    const int grid = grid_size<kernel>(G::kBlock, p.num_items, G::kGroups, device.device_id);
-    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kernel")(
+    const int grid = grid_size<kernel>(G::kBlock, G::kGroups, device.device_id, p);
+    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
         static_cast<const IdxT*>(positions.data_ptr()), p);
   }
@@ -426,10 +550,10 @@ struct RopeKVKernel {
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(Hq.value());
     p.k_heads = static_cast<int32_t>(Hk.value());
-    p.q_chunks = div_ceil(p.q_heads, G::kHeads);
-    p.k_chunks = div_ceil(p.k_heads, G::kHeads);
+    p.q_chunks = div_ceil(p.q_heads, G::kHeadsKV);
+    p.k_chunks = div_ceil(p.k_heads, G::kHeadsKV);
     p.chunks = p.q_chunks + 2 * p.k_chunks;
-    p.num_items = n * p.chunks;
+    p.num_tokens = n;
     p.q_stride_t = q.stride(0);
     p.q_stride_h = q.stride(1);
     p.k_stride_t = k.stride(0);
@@ -443,11 +567,11 @@ struct RopeKVKernel {
     p.cache_stride = cos_sin_cache.stride(0);
     p.max_pos = P.value();
     p.num_slots = S.value();
-    if (p.num_items == 0) return;
+    if (n == 0) return;
     const DLDevice device = dev.value();
     constexpr auto kernel = rope_kv_kernel<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC>;
-    const int grid = grid_size<kernel>(G::kBlock, p.num_items, G::kGroups, device.device_id);
-    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kv_kernel")(
+    const int grid = grid_size<kernel>(G::kBlock, G::kGroups, device.device_id, p);
+    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
         static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
         static_cast<const float*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),

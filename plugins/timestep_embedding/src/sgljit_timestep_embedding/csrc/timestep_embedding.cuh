@@ -8,6 +8,16 @@
 // The argument is bit-identical to the reference (reference.py): every fp32 operation is an IEEE
 // round-to-nearest mul/div written with __fmul_rn/__fdiv_rn (no contraction), and exp is evaluated
 // in fp64 and rounded once to fp32 (the correctly rounded fp32 exp), once per column per block.
+// An fp32 exp is not exact (CUDA's expf is off by up to 2 ulp, and one ulp of freq moves the
+// argument of t = 1000 by ~6e-5), so the fp64 exp stays; what keeps it off the critical path is
+// where it runs (below).
+//
+// Programmatic dependent launch: the frequencies depend only on the kernel's parameters, so each
+// block computes them (into registers, or the block's shared table) *before* pdl_wait(), while
+// the previous kernel on the stream is still finishing; the first global access (the timestep)
+// follows the wait. At B=1 the time is then a launch hidden behind the previous kernel plus one
+// chain: load t, sincos, store. TS_FREQ_AFTER_WAIT=1 waits first and computes them while the
+// first timestep's load is in flight (what the kernel did before PDL), to measure the difference.
 //
 // sin/cos: Cody-Waite reduction of the fp32 argument by 2*pi (2*pi split into three fp32 constants,
 // fma; r = x - k*2*pi rounded once) into [-pi, pi], then the hardware __sincosf (MUFU), whose
@@ -46,6 +56,25 @@ inline constexpr float kTwoPiLo = -0x1.ee59dap-48f;   // -6.86049804e-15
 inline constexpr int kRowsBlockThreads = 512;
 inline constexpr int kFlatBlockThreads = 256;
 inline constexpr int kMaxTableColumns = 8192;  // flat kernel: per-block table of half floats in smem
+
+#ifndef TS_FREQ_AFTER_WAIT
+#define TS_FREQ_AFTER_WAIT 0
+#endif
+
+// Waits for the previous kernel (PDL) where the frequencies are computed before it ...
+SGLJIT_DEVICE void wait_before_freq() {
+  if constexpr (TS_FREQ_AFTER_WAIT) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+}
+// ... or after them (the default): no global memory access happens before this.
+SGLJIT_DEVICE void wait_after_freq() {
+  if constexpr (!TS_FREQ_AFTER_WAIT) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+}
 
 SGLJIT_DEVICE float load_t(const float* p) { return *p; }
 SGLJIT_DEVICE float load_t(const double* p) { return static_cast<float>(*p); }
@@ -96,8 +125,10 @@ __global__ void __launch_bounds__(kRowsBlockThreads) timestep_embedding_rows_ker
   TOut* __restrict__ out = static_cast<TOut*>(p.out);
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  // Issue the first timestep load before the exp table so its latency overlaps the fp64 exps.
-  float t_next = row < p.rows ? load_t(t + row * p.t_stride) : 0.f;
+  const auto first_t = [&] { return row < p.rows ? load_t(t + row * p.t_stride) : 0.f; };
+  float t_next = 0.f;
+  wait_before_freq();
+  if constexpr (TS_FREQ_AFTER_WAIT) t_next = first_t();  // its latency overlaps the fp64 exps
 
   const int group = blockIdx.y * blockDim.x + threadIdx.x;
   float freq[V];
@@ -120,6 +151,8 @@ __global__ void __launch_bounds__(kRowsBlockThreads) timestep_embedding_rows_ker
 #pragma unroll
     for (int i = 0; i < V; ++i) freq[i] = s_freq[threadIdx.x * V + i];
   }
+  wait_after_freq();  // (threads without columns left before it: an exit counts as the trigger)
+  if constexpr (!TS_FREQ_AFTER_WAIT) t_next = first_t();
   TOut* sin_col = out + (p.flip ? p.half : 0) + group * V;
   TOut* cos_col = out + (p.flip ? 0 : p.half) + group * V;
 
@@ -158,12 +191,14 @@ __global__ void __launch_bounds__(kFlatBlockThreads) timestep_embedding_flat_ker
   extern __shared__ float s_freq[];  // half columns when p.use_table
   const TIn* __restrict__ t = static_cast<const TIn*>(p.t);
   TOut* __restrict__ out = static_cast<TOut*>(p.out);
+  wait_before_freq();
   if (p.use_table) {
     for (int i = threadIdx.x; i < p.half; i += blockDim.x) {
       s_freq[i] = column_freq(i, p.neg_log_max_period, p.denominator);
     }
     __syncthreads();
   }
+  wait_after_freq();
   const int64_t total = p.rows * p.dim;
   const int64_t vectors = total / V;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -216,14 +251,16 @@ void launch(const Params& p, bool rows_kernel, DLDevice device) {
     const int64_t row_blocks = div_ceil<int64_t>(p.rows, ty);
     const int64_t iters = div_ceil<int64_t>(row_blocks, resident);
     const int64_t grid_x = div_ceil<int64_t>(row_blocks, iters);
-    LaunchKernel(kernel, dim3(static_cast<unsigned>(grid_x), chunks),
-                 dim3(tx, ty), smem, device, "timestep_embedding_rows_kernel")(p);
+    LaunchKernel(kernel, dim3(static_cast<unsigned>(grid_x), chunks), dim3(tx, ty), smem, device,
+                 "timestep_embedding_rows_kernel")
+        .pdl()(p);
   } else {
     const int64_t vectors = std::max<int64_t>(1, p.rows * p.dim / V);
     const int64_t grid = std::min<int64_t>(div_ceil<int64_t>(vectors, kFlatBlockThreads), 8LL * sms);
     const size_t smem = p.use_table ? static_cast<size_t>(p.half) * sizeof(float) : 0;
     LaunchKernel(timestep_embedding_flat_kernel<TIn, TOut, V>, dim3(static_cast<unsigned>(grid)),
-                 dim3(kFlatBlockThreads), smem, device, "timestep_embedding_flat_kernel")(p);
+                 dim3(kFlatBlockThreads), smem, device, "timestep_embedding_flat_kernel")
+        .pdl()(p);
   }
 }
 
