@@ -35,10 +35,11 @@ __all__ = [
 _HERE = Path(__file__).resolve().parent
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = reference.FP8_DTYPES
-# Partial maxima of the dynamic per-tensor scale: one slot per block (the grid is capped by it).
+# Partial maxima of the dynamic per-tensor scale: one slot per block of the absmax pass (its grid is
+# capped by it).
 WORKSPACE_SIZE = 1024
-# CUDA dynamic per-tensor path: "auto" (the fused cooperative kernel where the device supports
-# cooperative launch), "fused", or "two_kernels" (absmax, then quantize).
+# CUDA dynamic per-tensor path: "auto" (= "two_kernels": absmax, then quantize), or "fused" (the
+# cooperative single kernel, kept for comparison: it measured slower).
 _DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2}
 
 
@@ -154,7 +155,7 @@ def _(input, scale, out):
 def _per_tensor_dynamic(
     input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
 ) -> None:
-    """``algo``: 0 = auto; CUDA only: 1 = the fused cooperative kernel, 2 = two kernels."""
+    """``algo``: 0 = auto (two kernels); CUDA only: 1 = the fused cooperative kernel, 2 = two kernels."""
     scale.copy_(reference.per_tensor_scale(input, out.dtype).view(scale.shape))
     reference.quantize_into(input, scale, out)
 

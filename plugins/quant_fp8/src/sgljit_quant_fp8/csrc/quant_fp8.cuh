@@ -15,13 +15,45 @@
 // finite scale; a NaN anywhere gives a NaN scale (absmax is a max over |x| bit patterns, so NaN wins
 // as in torch.amax).
 //
-// Per-tensor dynamic: one cooperative persistent kernel (one 1024-thread block per SM): phase A
-// reads the block's contiguous chunk once (absmax; the last up to ~220 KB of the chunk are kept in
-// shared memory and the ~0.45 * L2 / blocks before it are read with normal priority so they stay in
-// L2, the rest streaming), the partial maxima go to a workspace (one slot per block, no zeroing
-// needed), one grid barrier, every block reduces the partials, then phase B quantizes the
-// L2-resident part, the shared-memory part and finally re-reads the rest. Tensors up to ~29 MB on
-// an H200 are read from HBM once. Without cooperative launch: the same two phases as two kernels.
+// Every kernel starts with sgljit::pdl_wait() (before any global memory access) and then
+// pdl_launch_dependents(), and is launched with programmatic dependent launch: the next kernel's
+// blocks are scheduled while this one drains, so back-to-back launches (the two kernels of the
+// dynamic op, consecutive ops in a CUDA graph) do not pay the launch gap. pdl_wait returns only once
+// the previous kernel has completed and flushed, so the dynamic op's partial maxima need no fence.
+//
+// Per-tensor dynamic (default, "two kernels"), both with persistent grids (SMs x resident blocks):
+//   1. absmax: grid-stride over "slices" (one vector per thread of the grid, consecutive slices
+//      adjacent in memory), QUANT_FP8_ABSMAX_UNROLL 16-byte loads in flight per thread: a read-only
+//      stream, so it should run at read bandwidth. bf16/fp16 are reduced packed (|x| by masking the
+//      sign bits, then max.NaN on x2 pairs: exact, NaN-propagating, 1 instruction per 2 elements).
+//      Slices before the last QUANT_FP8_L2_KEEP_PCT % of L2 are loaded evict-first, the tail with
+//      normal priority so it is still in L2 when the quantize pass starts. Each block writes its
+//      maximum to workspace[block]: no zeroing, no atomics, no inter-block race.
+//   2. quantize: every block reduces the (few hundred) partial maxima itself, computes the scale
+//      (block 0 stores it), then walks the tensor BACKWARDS (vector v -> nv - 1 - v), so the tail the
+//      absmax pass read last is re-read from L2 before later misses evict it. Loads 16 bytes, stores
+//      8 packed fp8 bytes per vector, evict-first both ways, QUANT_FP8_QUANT_UNROLL vectors in
+//      flight; __launch_bounds__(512, 2) caps it at 64 registers so two blocks fit per SM (left
+//      alone, ptxas took 80 for the Markstein division of 4 vectors at once: one block per SM).
+//      The static-scale kernel is the same pass, forwards.
+// Vectors are carried as raw words (uint4), not arrays of 16-bit objects: copying those cost byte
+// permutes right after each load, and the loads were then issued one at a time.
+// The cooperative single-launch kernel (SGLJIT_QUANT_FP8_DYNAMIC=fused: absmax, grid barrier,
+// quantize from shared memory + L2) is kept for comparison; it was measured slower than two
+// kernels, and cannot use PDL.
+//
+// Per-token: P lanes per row (a power of two, 1..1024), each lane keeps N <= 16 vectors of its row in
+// registers (N a template parameter; loads at clamped indices, unpredicated, so all N are issued
+// before the first use): the row is read from global memory once, reduced (shuffles, plus shared
+// memory when P > 32), and quantized from registers. The host picks the fewest lanes per row that still give about
+// QUANT_FP8_TOKEN_THREADS_PER_SM threads per SM: small T spreads a row over more lanes (a single
+// memory round trip, little serial work per thread), large T uses a warp per row (H = 4096 bf16:
+// 16 vectors per lane, no block barrier).
+//
+// Tuning macros (defaults are the current choice; SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=VALUE" overrides
+// them and is part of the build cache key): QUANT_FP8_ABSMAX_UNROLL, QUANT_FP8_ABSMAX_THREADS,
+// QUANT_FP8_QUANT_UNROLL, QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS, QUANT_FP8_L2_KEEP_PCT,
+// QUANT_FP8_TOKEN_THREADS_PER_SM.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -38,6 +70,29 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
+
+#ifndef QUANT_FP8_ABSMAX_UNROLL  // 16-byte loads in flight per thread in the absmax pass
+#define QUANT_FP8_ABSMAX_UNROLL 8
+#endif
+#ifndef QUANT_FP8_ABSMAX_THREADS
+#define QUANT_FP8_ABSMAX_THREADS 512
+#endif
+#ifndef QUANT_FP8_QUANT_UNROLL  // vectors in flight per thread in the quantize passes (static, dynamic)
+#define QUANT_FP8_QUANT_UNROLL 4
+#endif
+#ifndef QUANT_FP8_QUANT_THREADS
+#define QUANT_FP8_QUANT_THREADS 512
+#endif
+#ifndef QUANT_FP8_QUANT_MIN_BLOCKS  // __launch_bounds__ minimum resident blocks (caps the registers)
+#define QUANT_FP8_QUANT_MIN_BLOCKS 2
+#endif
+#ifndef QUANT_FP8_L2_KEEP_PCT  // the absmax pass's tail kept in L2 for the quantize pass, % of L2
+#define QUANT_FP8_L2_KEEP_PCT 45
+#endif
+#ifndef QUANT_FP8_TOKEN_THREADS_PER_SM  // per-token: threads per SM the lanes-per-row choice aims at
+#define QUANT_FP8_TOKEN_THREADS_PER_SM 512
+#endif
 
 namespace sgljit_quant_fp8 {
 
@@ -129,30 +184,76 @@ struct Raw<1> {
   using type = unsigned char;
 };
 
+// VEC elements of T are carried as their raw bits (uint4 for 16 bytes), never as an array of 16-bit
+// class objects: copying those element by element costs byte permutes that wait on the load, which
+// serialized the loads in flight. Elements are read out of the 32-bit words with shifts/masks.
 template <typename T, int VEC>
 struct Io {
-  using V = AlignedVector<T, VEC>;
-  using In = typename Raw<sizeof(T) * VEC>::type;
+  using V = typename Raw<sizeof(T) * VEC>::type;
   using Out = typename Raw<VEC>::type;  // VEC fp8 bytes
+  static constexpr int kWords = sizeof(V) >= 4 ? int(sizeof(V) / 4) : 1;
 
   // kStream: evict-first (data read for the last time, or data we do not want to keep in L2).
   template <bool kStream>
   SGLJIT_DEVICE static V load(const T* p) {
-    In raw;
     if constexpr (kStream) {
-      raw = __ldcs(reinterpret_cast<const In*>(p));
+      return __ldcs(reinterpret_cast<const V*>(p));
     } else {
-      raw = *reinterpret_cast<const In*>(p);
+      return *reinterpret_cast<const V*>(p);
     }
-    V v;
-    memcpy(&v, &raw, sizeof(V));
-    return v;
+  }
+
+  SGLJIT_DEVICE static void words(const V& v, uint32_t (&w)[kWords]) {
+    if constexpr (sizeof(V) >= 4) {
+      memcpy(w, &v, sizeof(V));
+    } else {
+      w[0] = v;
+    }
+  }
+
+  // Element i (a compile-time constant after unrolling) as fp32.
+  SGLJIT_DEVICE static float get(const V& v, int i) {
+    if constexpr (sizeof(T) == 4) {
+      uint32_t w[kWords];
+      words(v, w);
+      return __uint_as_float(w[i]);
+    } else if constexpr (VEC == 1) {
+      T t;
+      memcpy(&t, &v, sizeof(T));
+      return to_float(t);
+    } else {
+      uint32_t w[kWords];
+      words(v, w);
+      const uint32_t word = w[i / 2];
+      if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 -> fp32 is the 16 bits on top
+        return __uint_as_float(i % 2 ? (word & 0xffff0000u) : (word << 16));
+      } else {
+        __half2 h;
+        memcpy(&h, &word, sizeof(h));
+        return i % 2 ? __high2float(h) : __low2float(h);
+      }
+    }
+  }
+
+  // v with every 32-bit word xor-ed with `zero` (0 at run time; see token_quant).
+  SGLJIT_DEVICE static V opaque(const V& v, uint32_t zero) {
+    if constexpr (sizeof(V) >= 4) {
+      uint32_t w[kWords];
+      words(v, w);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] ^= zero;
+      V r;
+      memcpy(&r, w, sizeof(V));
+      return r;
+    } else {
+      return v;
+    }
   }
 
   SGLJIT_DEVICE static uint32_t absmax(const V& v) {
     uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) m = max(m, abs_bits(to_float(v[i])));
+    for (int i = 0; i < VEC; ++i) m = max(m, abs_bits(get(v, i)));
     return m;
   }
 
@@ -160,13 +261,13 @@ struct Io {
   SGLJIT_DEVICE static void quantize_store(const V& v, const Divider& div, uint8_t* dst) {
     Out raw;
     if constexpr (VEC == 1) {
-      raw = to_fp8<Q>(div.template operator()<kFast>(to_float(v[0])));
+      raw = to_fp8<Q>(div.template operator()<kFast>(get(v, 0)));
     } else {
       uint16_t pairs[VEC / 2];
 #pragma unroll
       for (int i = 0; i < VEC / 2; ++i) {
-        pairs[i] = to_fp8x2<Q>(div.template operator()<kFast>(to_float(v[2 * i])),
-                               div.template operator()<kFast>(to_float(v[2 * i + 1])));
+        pairs[i] = to_fp8x2<Q>(div.template operator()<kFast>(get(v, 2 * i)),
+                               div.template operator()<kFast>(get(v, 2 * i + 1)));
       }
       memcpy(&raw, pairs, sizeof(raw));
     }
@@ -174,6 +275,55 @@ struct Io {
   }
 };
 
+// Running max of |x| as fp32 bits (see abs_bits). 16-bit inputs in vectors are kept packed: clearing
+// the sign bits gives |x| exactly, and max.NaN on x2 pairs (one instruction per two elements) orders
+// non-negative values as the fp32 bit patterns do and turns any NaN into a NaN, so bits() equals the
+// unpacked max over abs_bits(to_float(x)) up to the NaN payload (NaN either way).
+template <typename T>
+struct Packed2 {
+  using type = void;
+};
+template <>
+struct Packed2<fp16_t> {
+  using type = __half2;
+};
+template <>
+struct Packed2<bf16_t> {
+  using type = __nv_bfloat162;
+};
+
+template <typename T, int VEC, bool kPacked = (sizeof(T) == 2 && VEC >= 2)>
+struct AbsMax {
+  uint32_t m = 0;
+  SGLJIT_DEVICE void add(const typename Io<T, VEC>::V& v) { m = max(m, Io<T, VEC>::absmax(v)); }
+  SGLJIT_DEVICE uint32_t bits() const { return m; }
+};
+
+template <typename T, int VEC>
+struct AbsMax<T, VEC, true> {
+  using T2 = typename Packed2<T>::type;
+  T2 m;
+  SGLJIT_DEVICE AbsMax() {
+    const uint32_t zero = 0;
+    memcpy(&m, &zero, sizeof(m));
+  }
+  SGLJIT_DEVICE void add(const typename Io<T, VEC>::V& v) {
+    uint32_t w[VEC / 2];
+    Io<T, VEC>::words(v, w);
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) {
+      const uint32_t a = w[i] & 0x7fff7fffu;
+      T2 h;
+      memcpy(&h, &a, sizeof(h));
+      m = __hmax2_nan(m, h);
+    }
+  }
+  SGLJIT_DEVICE uint32_t bits() const {
+    return max(abs_bits(__low2float(m)), abs_bits(__high2float(m)));
+  }
+};
+
+// The cooperative kernel's loads in flight per thread.
 inline constexpr int kUnroll = 4;
 
 // Block-wide max of uint32 (blockDim.x a multiple of 32, `smem` 32 words); every thread gets it.
@@ -192,7 +342,7 @@ SGLJIT_DEVICE uint32_t block_reduce_max_u32(uint32_t v, uint32_t* smem) {
 // with kStash each vector is also copied to stash[v - begin].
 template <typename T, int VEC, bool kStream, bool kStash>
 SGLJIT_DEVICE void absmax_range(const T* in, int64_t begin, int64_t end, uint32_t& m,
-                                AlignedVector<T, VEC>* stash) {
+                                typename Io<T, VEC>::V* stash) {
   using IO = Io<T, VEC>;
   const int64_t step = blockDim.x;
   int64_t v = begin + threadIdx.x;
@@ -216,7 +366,7 @@ SGLJIT_DEVICE void absmax_range(const T* in, int64_t begin, int64_t end, uint32_
 // Quantize vectors [begin, end): from `in` (kFromStash = false) or from stash[v - begin].
 template <typename T, typename Q, int VEC, bool kFast, bool kFromStash>
 SGLJIT_DEVICE void quant_range(const T* in, uint8_t* out, int64_t begin, int64_t end,
-                               const Divider& div, const AlignedVector<T, VEC>* stash) {
+                               const Divider& div, const typename Io<T, VEC>::V* stash) {
   using IO = Io<T, VEC>;
   const int64_t step = blockDim.x;
   int64_t v = begin + threadIdx.x;
@@ -238,55 +388,129 @@ SGLJIT_DEVICE void quant_range(const T* in, uint8_t* out, int64_t begin, int64_t
 }
 
 // ------------------------------------------------------------------------------------------------
-// Per-tensor, static scale: one pass, grid-stride.
+// Per-tensor quantize pass (static scale, and the second kernel of the dynamic op): grid-stride over
+// slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration so U loads are in
+// flight per thread; kReverse mirrors the vector index (v -> nv - 1 - v), so the pass starts at the
+// end of the tensor (a warp still covers 32 adjacent vectors, in descending order).
 
-template <typename T, typename Q, int VEC, bool kFast>
-SGLJIT_DEVICE void static_body(const T* in, uint8_t* out, const Divider& div, int64_t numel) {
+template <typename T, typename Q, int VEC, int U, bool kReverse, bool kFast>
+SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, int64_t numel) {
   using IO = Io<T, VEC>;
   const int64_t nv = numel / VEC;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t v = tid;
-  for (; v + (kUnroll - 1) * step < nv; v += kUnroll * step) {
-    typename IO::V x[kUnroll];
+  const int64_t slice = int64_t(gridDim.x) * blockDim.x;
+  const int64_t base = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t num_slices = div_ceil<int64_t>(nv, slice);
+  for (int64_t i = 0; i < num_slices; i += U) {
+    typename IO::V x[U];
+    int64_t v[U];
+    bool ok[U];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) x[k] = IO::template load<true>(in + (v + k * step) * VEC);
+    for (int k = 0; k < U; ++k) {
+      const int64_t f = (i + k) * slice + base;  // forward order; reversed: vector nv - 1 - f
+      ok[k] = f < nv;
+      v[k] = kReverse ? nv - 1 - f : f;
+      if (ok[k]) x[k] = IO::template load<true>(in + v[k] * VEC);
+    }
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) IO::template quantize_store<Q, kFast>(x[k], div, out + (v + k * step) * VEC);
+    for (int k = 0; k < U; ++k) {
+      if (ok[k]) IO::template quantize_store<Q, kFast>(x[k], div, out + v[k] * VEC);
+    }
   }
-  for (; v < nv; v += step) {
-    IO::template quantize_store<Q, kFast>(IO::template load<true>(in + v * VEC), div, out + v * VEC);
-  }
-  const int64_t i = nv * VEC + tid;  // the last numel % VEC elements
+  const int64_t i = nv * VEC + base;  // the last numel % VEC elements
   if (i < numel) out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
 }
 
 template <typename T, typename Q, int VEC>
-__global__ void per_tensor_static_kernel(const T* __restrict__ in, uint8_t* __restrict__ out,
-                                         const float* __restrict__ scale, int64_t numel) {
-  const float s = __ldg(scale);
+__global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS) void per_tensor_static_kernel(
+    const T* __restrict__ in, uint8_t* __restrict__ out, const float* __restrict__ scale, int64_t numel) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const float s = __ldcg(scale);  // L2: may have been written by the kernel just before (PDL)
   const Divider div(s);
   if (Divider::fast(s)) {
-    static_body<T, Q, VEC, true>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, false, true>(in, out, div, numel);
   } else {
-    static_body<T, Q, VEC, false>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, false, false>(in, out, div, numel);
   }
 }
 
 // ------------------------------------------------------------------------------------------------
-// Per-tensor, dynamic scale.
+// Per-tensor, dynamic scale: two kernels (absmax -> partial maxima, quantize).
+
+// partial[blockIdx.x] = max |x| bits over this block's vectors of every slice (see quant_slices) and,
+// in the last block, the last numel % VEC elements. Slices starting at or after vector `keep_from`
+// are loaded with normal L2 priority (kept for the quantize pass), the others evict-first.
+template <typename T, int VEC>
+__global__ __launch_bounds__(QUANT_FP8_ABSMAX_THREADS) void per_tensor_absmax_kernel(
+    const T* __restrict__ in, uint32_t* __restrict__ partial, int64_t numel, int64_t keep_from) {
+  constexpr int U = QUANT_FP8_ABSMAX_UNROLL;
+  using IO = Io<T, VEC>;
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ uint32_t red[32];
+  const int64_t nv = numel / VEC;
+  const int64_t slice = int64_t(gridDim.x) * blockDim.x;
+  const int64_t base = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t num_slices = div_ceil<int64_t>(nv, slice);
+  AbsMax<T, VEC> acc;
+  for (int64_t i = 0; i < num_slices; i += U) {
+    typename IO::V x[U];
+    bool ok[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int64_t first = (i + k) * slice, v = first + base;
+      ok[k] = v < nv;
+      if (ok[k]) {
+        if (first >= keep_from) {  // uniform across the grid
+          x[k] = IO::template load<false>(in + v * VEC);
+        } else {
+          x[k] = IO::template load<true>(in + v * VEC);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      if (ok[k]) acc.add(x[k]);
+    }
+  }
+  uint32_t m = acc.bits();
+  if (blockIdx.x == gridDim.x - 1) {
+    for (int64_t i = nv * VEC + threadIdx.x; i < numel; i += blockDim.x) m = max(m, abs_bits(to_float(in[i])));
+  }
+  m = block_reduce_max_u32(m, red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = m;
+}
+
+// Reduces partial[0, num_partial) (written by the absmax kernel just before: pdl_wait orders it),
+// stores the scale (block 0) and quantizes, from the end of the tensor backwards.
+template <typename T, typename Q, int VEC>
+__global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS) void per_tensor_dynamic_quant_kernel(
+    const T* __restrict__ in, uint8_t* __restrict__ out, float* __restrict__ scale,
+    const uint32_t* __restrict__ partial, int num_partial, int64_t numel) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ uint32_t red[32];
+  uint32_t m = 0;
+  for (int i = threadIdx.x; i < num_partial; i += blockDim.x) m = max(m, __ldcg(partial + i));
+  m = block_reduce_max_u32(m, red);
+  const float s = scale_from_absmax(m, Fp8<Q>::kMax);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
+  const Divider div(s);
+  if (Divider::fast(s)) {
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, true, true>(in, out, div, numel);
+  } else {
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, true, false>(in, out, div, numel);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Per-tensor, dynamic scale, cooperative single launch (SGLJIT_QUANT_FP8_DYNAMIC=fused).
 
 inline constexpr int kFusedThreads = 1024;
 
-enum DynamicMode : int {
-  kFused = 0,    // phase A, grid barrier, phase B (cooperative launch)
-  kPartial = 1,  // phase A only: workspace[block] = the block's absmax bits
-  kQuant = 2,    // phase B only, reading the workspace written by a kPartial launch of the same grid
-};
-
 template <typename T, typename Q, int VEC, bool kFast>
 SGLJIT_DEVICE void phase_b(const T* in, uint8_t* out, const Divider& div, int64_t c0, int64_t l0,
-                           int64_t k0, int64_t c1, const AlignedVector<T, VEC>* stash,
+                           int64_t k0, int64_t c1, const typename Io<T, VEC>::V* stash,
                            int64_t numel, bool last_block) {
   quant_range<T, Q, VEC, kFast, false>(in, out, l0, k0, div, nullptr);  // L2-resident part first
   quant_range<T, Q, VEC, kFast, true>(in, out, k0, c1, div, stash);     // kept in shared memory
@@ -298,13 +522,16 @@ SGLJIT_DEVICE void phase_b(const T* in, uint8_t* out, const Divider& div, int64_
   }
 }
 
-// Block b owns vectors [c0, c1) = [nv*b/G, nv*(b+1)/G): [c0, l0) streamed, [l0, k0) read with
-// normal L2 priority (re-read first in phase B), [k0, c1) kept in shared memory (keep_vecs of them).
+// Phase A, grid barrier, phase B. Block b owns vectors [c0, c1) = [nv*b/G, nv*(b+1)/G): [c0, l0)
+// streamed, [l0, k0) read with normal L2 priority (re-read first in phase B), [k0, c1) kept in shared
+// memory (keep_vecs of them). Launched cooperatively (not with PDL: pdl_wait is then a no-op).
 template <typename T, typename Q, int VEC>
-__global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_dynamic_kernel(
+__global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     const T* __restrict__ in, uint8_t* __restrict__ out, float* __restrict__ scale,
-    uint32_t* __restrict__ workspace, int64_t numel, int64_t keep_vecs, int64_t l2_vecs, int mode) {
-  using V = AlignedVector<T, VEC>;
+    uint32_t* __restrict__ workspace, int64_t numel, int64_t keep_vecs, int64_t l2_vecs) {
+  using V = typename Io<T, VEC>::V;
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ uint4 dyn_smem[];
   __shared__ uint32_t red[32];
   V* stash = reinterpret_cast<V*>(dyn_smem);
@@ -313,11 +540,11 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_dynamic_kernel(
   const int G = gridDim.x, b = blockIdx.x;
   const bool last_block = b == G - 1;
   const int64_t c0 = nv * b / G, c1 = nv * (b + 1) / G;
-  const int64_t keep = mode == kFused ? min(keep_vecs, c1 - c0) : 0;
+  const int64_t keep = min(keep_vecs, c1 - c0);
   const int64_t k0 = c1 - keep;
   const int64_t l0 = max(c0, k0 - l2_vecs);
 
-  if (mode != kQuant) {
+  {
     uint32_t m = 0;
     absmax_range<T, VEC, true, false>(in, c0, l0, m, nullptr);
     absmax_range<T, VEC, false, false>(in, l0, k0, m, nullptr);
@@ -329,7 +556,6 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_dynamic_kernel(
     }
     m = block_reduce_max_u32(m, red);
     if (threadIdx.x == 0) workspace[b] = m;
-    if (mode == kPartial) return;
     cooperative_groups::this_grid().sync();  // also orders the workspace writes before the reads
   }
 
@@ -347,57 +573,83 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_dynamic_kernel(
 }
 
 // ------------------------------------------------------------------------------------------------
-// Per-token: P threads per row (a power of two, 32..1024), rows of one block in one pass: each
-// thread keeps up to kMaxVecs vectors in registers (a row longer than P * kMaxVecs vectors re-reads
-// the remainder), warp + block max, scale, quantize from registers.
+// Per-token: P lanes per row (a power of two, 1..1024; rows of one block side by side), each lane
+// holding its vectors j = lane + k * P, k < N, in registers (N = 1..16; a row longer than P * N
+// vectors re-reads the remainder), max over the row's lanes, scale, quantize from registers.
 
-inline constexpr int kTokenMaxVecs = 4;
+inline constexpr int kTokenMaxVecs = 16;
 
-template <typename T, typename Q, int VEC, bool kFast>
-SGLJIT_DEVICE void token_quant(const AlignedVector<T, VEC> (&x)[kTokenMaxVecs], const T* row_in,
-                               uint8_t* row_out, int64_t nvr, int lane, int P, const Divider& div) {
+// N = 16 needs 64 registers of data per thread (bf16/fp16/fp32 alike): at most 512 threads a block.
+template <int N>
+inline constexpr int kTokenMaxThreads = N >= 16 ? 512 : 1024;
+
+// `zero` is 0, but the compiler cannot know it (the row max's sign bit): x[k] ^ zero keeps the
+// conversions of x to fp32 after the row reduction, so they are not all hoisted next to the loads
+// (N * VEC live floats: spills or a register-starved occupancy).
+template <typename T, typename Q, int VEC, int N>
+SGLJIT_DEVICE void token_quant(const typename Io<T, VEC>::V (&x)[N], const T* row_in, uint8_t* row_out, int nvr,
+                               int lane, int P, const Divider& div, uint32_t zero) {
   using IO = Io<T, VEC>;
 #pragma unroll
-  for (int k = 0; k < kTokenMaxVecs; ++k) {
-    const int64_t j = lane + int64_t(k) * P;
-    if (j < nvr) IO::template quantize_store<Q, kFast>(x[k], div, row_out + j * VEC);
+  for (int k = 0; k < N; ++k) {
+    const int j = lane + k * P;
+    if (j < nvr) IO::template quantize_store<Q, true>(IO::opaque(x[k], zero), div, row_out + j * VEC);
   }
-  for (int64_t j = lane + int64_t(kTokenMaxVecs) * P; j < nvr; j += P) {
-    IO::template quantize_store<Q, kFast>(IO::template load<true>(row_in + j * VEC), div, row_out + j * VEC);
+  for (int j = lane + N * P; j < nvr; j += P) {
+    IO::template quantize_store<Q, true>(IO::template load<true>(row_in + j * VEC), div, row_out + j * VEC);
   }
 }
 
+// Scales outside Divider::fast (practically never: absmax beyond 2^48 or below 2^-31) re-read the
+// row (from L2) instead of sharing the registers: otherwise the compiler hoists the conversions of
+// all N vectors out of both paths and spills.
 template <typename T, typename Q, int VEC>
-__global__ __launch_bounds__(1024) void per_token_kernel(const T* __restrict__ in, int64_t in_stride,
-                                                         uint8_t* __restrict__ out, int64_t out_stride,
-                                                         float* __restrict__ scales, int64_t num_rows,
-                                                         int64_t hidden, int P) {
+SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, int lane, int P,
+                                              const Divider div) {
   using IO = Io<T, VEC>;
+  for (int j = lane; j < nvr; j += P) {
+    IO::template quantize_store<Q, false>(IO::template load<false>(row_in + j * VEC), div, row_out + j * VEC);
+  }
+}
+
+template <typename T, typename Q, int VEC, int N>
+__global__ __launch_bounds__(kTokenMaxThreads<N>) void per_token_kernel(
+    const T* __restrict__ in, int64_t in_stride, uint8_t* __restrict__ out, int64_t out_stride,
+    float* __restrict__ scales, int64_t num_rows, int64_t hidden, int P) {
+  using IO = Io<T, VEC>;
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ uint32_t red[32];
   const int rows_per_block = blockDim.x / P;
-  const int lane = threadIdx.x % P;
+  const int lane = threadIdx.x & (P - 1);
   const int64_t row = int64_t(blockIdx.x) * rows_per_block + threadIdx.x / P;
   const bool valid = row < num_rows;
-  const int64_t nvr = hidden / VEC;
-  const T* row_in = in + row * in_stride;
+  const int nvr = int(hidden / VEC);  // rows are < 2^31 elements (checked on the host)
+  // Out-of-range lanes and rows load clamped indices (the last vector of the row, the last row):
+  // duplicates do not change a max and are not stored, and unpredicated loads are all issued before
+  // the first use (guarded ones were interleaved with the max and waited for each other).
+  const T* row_in = in + min(row, num_rows - 1) * in_stride;
 
-  typename IO::V x[kTokenMaxVecs];
-  uint32_t m = 0;
+  typename IO::V x[N];
+  AbsMax<T, VEC> acc;
+  if (nvr > 0) {
 #pragma unroll
-  for (int k = 0; k < kTokenMaxVecs; ++k) {
-    const int64_t j = lane + int64_t(k) * P;
-    if (valid && j < nvr) x[k] = IO::template load<true>(row_in + j * VEC);
-  }
+    for (int k = 0; k < N; ++k) x[k] = IO::template load<true>(row_in + min(lane + k * P, nvr - 1) * VEC);
 #pragma unroll
-  for (int k = 0; k < kTokenMaxVecs; ++k) {
-    const int64_t j = lane + int64_t(k) * P;
-    if (valid && j < nvr) m = max(m, IO::absmax(x[k]));
+    for (int k = 0; k < N; ++k) acc.add(x[k]);
+    for (int j = lane + N * P; j < nvr; j += P) {
+      acc.add(IO::template load<false>(row_in + j * VEC));  // re-read below: keep in L2
+    }
   }
-  for (int64_t j = lane + int64_t(kTokenMaxVecs) * P; valid && j < nvr; j += P) {
-    m = max(m, IO::absmax(IO::template load<false>(row_in + j * VEC)));  // re-read below: keep in L2
-  }
+  uint32_t m = acc.bits();
 
-  m = __reduce_max_sync(kFullMask, m);  // P >= 32: a warp never spans two rows
+  // Lanes of a row are P consecutive threads, P-aligned: a warp holds whole rows (P <= 32) or a
+  // row holds whole warps (P > 32).
+  if (P >= 32) {
+    m = __reduce_max_sync(kFullMask, m);
+  } else {
+    for (int off = P / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(kFullMask, m, off));
+  }
   if (P > 32) {
     const int warps_per_row = P / 32, first = (threadIdx.x / P) * warps_per_row;
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
@@ -412,9 +664,9 @@ __global__ __launch_bounds__(1024) void per_token_kernel(const T* __restrict__ i
   const Divider div(s);
   uint8_t* row_out = out + row * out_stride;
   if (Divider::fast(s)) {
-    token_quant<T, Q, VEC, true>(x, row_in, row_out, nvr, lane, P, div);
+    token_quant<T, Q, VEC, N>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
   } else {
-    token_quant<T, Q, VEC, false>(x, row_in, row_out, nvr, lane, P, div);
+    token_quant_slow<T, Q, VEC>(row_in, row_out, nvr, lane, P, div);
   }
 }
 
@@ -460,6 +712,40 @@ inline bool aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
+// Resident blocks of kKernel per SM at kThreads threads and no dynamic shared memory (>= 1; cached
+// per device): the persistent grids are SMs x this.
+template <auto kKernel, int kThreads>
+int resident_blocks(int device_id) {
+  static std::array<int, 64> cache{};
+  static std::mutex mutex;
+  RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
+  std::lock_guard<std::mutex> lock(mutex);
+  int& slot = cache[device_id];
+  if (slot == 0) {
+    int current = 0, blocks = 0;
+    check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+    check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    check_cuda(cudaSetDevice(current), "cudaSetDevice");
+    slot = std::max(blocks, 1);
+  }
+  return slot;
+}
+
+// Persistent grid for `kKernel`: at most SMs x resident blocks (and `cap`), at least one block, and
+// no more blocks than one vector per thread needs.
+template <auto kKernel, int kThreads>
+int64_t persistent_grid(int device_id, int64_t nv, int64_t cap) {
+  const int64_t full = int64_t(device_info(device_id).sms) * resident_blocks<kKernel, kThreads>(device_id);
+  return std::clamp<int64_t>(div_ceil<int64_t>(nv, kThreads), 1, std::min(full, cap));
+}
+
+template <auto kKernel>
+struct KernelTag {
+  static constexpr auto value = kKernel;
+};
+
 template <typename T, typename Q>
 struct QuantFp8 {
   static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
@@ -493,25 +779,23 @@ struct QuantFp8 {
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     const float* s = static_cast<const float*>(scale.data_ptr());
-    const int sms = device_info(dev.device_id).sms;
-    constexpr int kThreads = 512;
-    auto launch = [&](auto kernel, int vec) {
-      const int64_t nv = std::max<int64_t>(numel / vec, 1);
-      // Two 512-thread blocks fit per SM (<= 64 registers): one resident wave, grid-stride.
-      const int64_t blocks = std::min<int64_t>(div_ceil<int64_t>(nv, kThreads * kUnroll), int64_t(sms) * 2);
-      LaunchKernel(kernel, dim3(blocks), dim3(kThreads), 0, dev, "per_tensor_quant_fp8 (static)")(x, o, s, numel);
+    auto launch = [&](auto kernel_tag, int vec) {
+      constexpr auto kernel = decltype(kernel_tag)::value;
+      constexpr int kThreads = QUANT_FP8_QUANT_THREADS;
+      const int64_t grid = persistent_grid<kernel, kThreads>(dev.device_id, numel / vec, INT32_MAX);
+      LaunchKernel(kernel, dim3(grid), dim3(kThreads), 0, dev, "per_tensor_quant_fp8 (static)").pdl()(x, o, s, numel);
     };
     if (aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
-      launch(per_tensor_static_kernel<T, Q, kVec>, kVec);
+      launch(KernelTag<per_tensor_static_kernel<T, Q, kVec>>{}, kVec);
     } else {
-      launch(per_tensor_static_kernel<T, Q, 1>, 1);
+      launch(KernelTag<per_tensor_static_kernel<T, Q, 1>>{}, 1);
     }
   }
 
   // out = quantize(input / s), scale[0] = s = max(absmax(input) / fp8_max, 2^-126).
   // workspace: float32, one element per block (the grid is capped by its size; its content does not
   // matter: it is overwritten).
-  // mode: 0 = auto, 1 = the fused cooperative kernel, 2 = two kernels (as without cooperative launch).
+  // mode: 0 = auto (two kernels), 1 = the fused cooperative kernel, 2 = two kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t mode) {
     DLDevice dev;
@@ -534,72 +818,61 @@ struct QuantFp8 {
   template <int VEC>
   static void dynamic_launch(const T* x, uint8_t* o, TensorView scale, TensorView workspace, int64_t numel,
                              int64_t mode, DLDevice dev) {
-    auto kernel = per_tensor_dynamic_kernel<T, Q, VEC>;
     constexpr int64_t kVecBytesHere = sizeof(T) * VEC;
     const DeviceInfo& info = device_info(dev.device_id);
     float* s = static_cast<float*>(scale.data_ptr());
     uint32_t* ws = static_cast<uint32_t*>(workspace.data_ptr());
     const int64_t nv = numel / VEC;
+    if (mode == 1) {
+      fused_launch<VEC>(x, o, s, ws, workspace.numel(), numel, dev);
+      return;
+    }
+    // Two kernels (auto and mode 2). The absmax pass reads the last QUANT_FP8_L2_KEEP_PCT % of L2
+    // with normal priority; the quantize pass re-reads that tail first.
+    constexpr auto absmax = per_tensor_absmax_kernel<T, VEC>;
+    constexpr auto quant = per_tensor_dynamic_quant_kernel<T, Q, VEC>;
+    constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
+    const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel());
+    const int64_t grid_q = persistent_grid<quant, kQuantThreads>(dev.device_id, nv, INT32_MAX);
+    const int64_t keep_from = nv - int64_t(info.l2_bytes) * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere;
+    LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
+        .pdl()(x, ws, numel, keep_from);
+    LaunchKernel(quant, dim3(grid_q), dim3(kQuantThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")
+        .pdl()(x, o, s, ws, int(grid_a), numel);
+  }
+
+  template <int VEC>
+  static void fused_launch(const T* x, uint8_t* o, float* s, uint32_t* ws, int64_t ws_size, int64_t numel,
+                           DLDevice dev) {
+    auto kernel = per_tensor_fused_kernel<T, Q, VEC>;
+    constexpr int64_t kVecBytesHere = sizeof(T) * VEC;
+    const DeviceInfo& info = device_info(dev.device_id);
+    const int64_t nv = numel / VEC;
     // Up to the opt-in maximum of shared memory (less what the kernel declares statically).
     const int smem_cap = std::max(0, info.max_smem_optin - 1024);
     const int64_t cap_vecs = smem_cap / kVecBytesHere;
     const int blocks_fit = fused_blocks_per_sm<VEC>(dev.device_id, smem_cap);
-    const bool fused = mode == 1 || (mode == 0 && info.cooperative && blocks_fit > 0);
-    if (fused) {
-      RuntimeCheck(info.cooperative && blocks_fit > 0,
-                   "per_tensor_quant_fp8: cooperative launch is not available on this device");
-      // At least 1024 vectors (one per thread) per block: small tensors use few blocks.
-      const int64_t grid = std::clamp<int64_t>(div_ceil<int64_t>(nv, kFusedThreads), 1,
-                                               std::min<int64_t>(int64_t(info.sms) * blocks_fit, workspace.numel()));
-      const int64_t chunk = div_ceil<int64_t>(nv, grid);
-      const int64_t keep_vecs = std::min<int64_t>(cap_vecs, chunk);
-      const int64_t l2_vecs = int64_t(info.l2_bytes) * 45 / 100 / grid / kVecBytesHere;
-      const size_t smem = size_t(keep_vecs * kVecBytesHere);
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(grid);
-      cfg.blockDim = dim3(kFusedThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = get_stream(dev);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int m = kFused;
-      check_cuda(cudaLaunchKernelEx(&cfg, kernel, x, o, s, ws, numel, keep_vecs, l2_vecs, m),
-                 "launch of per_tensor_quant_fp8 (dynamic, fused)");
-      return;
-    }
-    const int occupancy = plain_blocks_per_sm<VEC>(dev.device_id);
+    RuntimeCheck(info.cooperative && blocks_fit > 0,
+                 "per_tensor_quant_fp8: cooperative launch is not available on this device");
+    // At least 1024 vectors (one per thread) per block: small tensors use few blocks.
     const int64_t grid = std::clamp<int64_t>(div_ceil<int64_t>(nv, kFusedThreads), 1,
-                                             std::min<int64_t>(int64_t(info.sms) * std::max(occupancy, 1),
-                                                               workspace.numel()));
+                                             std::min<int64_t>(int64_t(info.sms) * blocks_fit, ws_size));
+    const int64_t chunk = div_ceil<int64_t>(nv, grid);
+    const int64_t keep_vecs = std::min<int64_t>(cap_vecs, chunk);
     const int64_t l2_vecs = int64_t(info.l2_bytes) * 45 / 100 / grid / kVecBytesHere;
-    const int64_t keep_vecs = 0;
-    LaunchKernel(kernel, dim3(grid), dim3(kFusedThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")(
-        x, o, s, ws, numel, keep_vecs, l2_vecs, int(kPartial));
-    LaunchKernel(kernel, dim3(grid), dim3(kFusedThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")(
-        x, o, s, ws, numel, keep_vecs, l2_vecs, int(kQuant));
-  }
-
-  // Blocks of the dynamic kernel that fit on one SM without dynamic shared memory.
-  template <int VEC>
-  static int plain_blocks_per_sm(int device_id) {
-    static std::array<int, 64> cache{};
-    static std::mutex mutex;
-    std::lock_guard<std::mutex> lock(mutex);
-    int& slot = cache[device_id];
-    if (slot == 0) {
-      int current = 0, blocks = 0;
-      check_cuda(cudaGetDevice(&current), "cudaGetDevice");
-      check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, per_tensor_dynamic_kernel<T, Q, VEC>,
-                                                               kFusedThreads, 0),
-                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-      check_cuda(cudaSetDevice(current), "cudaSetDevice");
-      slot = std::max(blocks, 1);
-    }
-    return slot;
+    const size_t smem = size_t(keep_vecs * kVecBytesHere);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kFusedThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = get_stream(dev);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, x, o, s, ws, numel, keep_vecs, l2_vecs),
+               "launch of per_tensor_quant_fp8 (dynamic, fused)");
   }
 
   // Blocks of the fused kernel that fit on one SM with `smem` bytes of dynamic shared memory
@@ -611,7 +884,7 @@ struct QuantFp8 {
     std::lock_guard<std::mutex> lock(mutex);
     int& slot = cache[device_id];
     if (slot == 0) {
-      auto kernel = per_tensor_dynamic_kernel<T, Q, VEC>;
+      auto kernel = per_tensor_fused_kernel<T, Q, VEC>;
       int current = 0;
       check_cuda(cudaGetDevice(&current), "cudaGetDevice");
       check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
@@ -636,6 +909,7 @@ struct QuantFp8 {
     TensorMatcher({T_, 1}).with_strides({1, 1}).with_dtype<float>().with_device(kDLCUDA, dev).verify(scales, "scales");
     const int64_t rows = T_.value(), hidden = H.value();
     if (rows == 0) return;
+    RuntimeCheck(hidden < (int64_t(1) << 31), "input: rows longer than 2^31 - 1 elements are not supported");
     // Strides of size-1 dimensions are not bound by the matcher: take them from the tensors.
     const int64_t in_stride = input.stride(0), out_stride = out.stride(0);
     const T* x = static_cast<const T*>(input.data_ptr());
@@ -654,15 +928,42 @@ struct QuantFp8 {
   static void token_launch(const T* x, int64_t in_stride, uint8_t* o, int64_t out_stride, float* s,
                            int64_t rows, int64_t hidden, DLDevice dev) {
     const int64_t nvr = std::max<int64_t>(hidden / VEC, 1);
-    // Threads per row: enough to keep the row in registers, then more while the grid is small.
-    int P = 32;
-    while (P < 1024 && int64_t(P) * kTokenMaxVecs < nvr) P *= 2;
-    const int64_t target = int64_t(device_info(dev.device_id).sms) * 2048;
+    auto pow2_at_least = [](int64_t n) {
+      int64_t p = 1;
+      while (p < n) p *= 2;
+      return p;
+    };
+    // Lanes per row: a warp (or the whole row if shorter) with up to 16 vectors each, more while the
+    // grid has fewer than QUANT_FP8_TOKEN_THREADS_PER_SM threads per SM.
+    int64_t P = std::min<int64_t>(32, pow2_at_least(nvr));
+    while (P < 1024 && div_ceil<int64_t>(nvr, P) > kTokenMaxVecs) P *= 2;
+    const int64_t target = int64_t(device_info(dev.device_id).sms) * QUANT_FP8_TOKEN_THREADS_PER_SM;
     while (P < 1024 && P < nvr && rows * P < target) P *= 2;
-    const int threads = std::max(P, 256);
-    const int rows_per_block = threads / P;
-    LaunchKernel(per_token_kernel<T, Q, VEC>, dim3(div_ceil<int64_t>(rows, rows_per_block)), dim3(threads), 0,
-                 dev, "per_token_quant_fp8")(x, in_stride, o, out_stride, s, rows, hidden, P);
+    int64_t N = pow2_at_least(std::min<int64_t>(div_ceil<int64_t>(nvr, P), kTokenMaxVecs));
+    if (P > kTokenMaxThreads<kTokenMaxVecs>) N = std::min<int64_t>(N, kTokenMaxVecs / 2);
+    const int threads = int(std::max<int64_t>(P, 128));
+    const int64_t grid = div_ceil<int64_t>(rows, threads / P);
+    auto launch = [&](auto kernel) {
+      LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, "per_token_quant_fp8")
+          .pdl()(x, in_stride, o, out_stride, s, rows, hidden, int(P));
+    };
+    switch (N) {
+      case 1:
+        launch(per_token_kernel<T, Q, VEC, 1>);
+        break;
+      case 2:
+        launch(per_token_kernel<T, Q, VEC, 2>);
+        break;
+      case 4:
+        launch(per_token_kernel<T, Q, VEC, 4>);
+        break;
+      case 8:
+        launch(per_token_kernel<T, Q, VEC, 8>);
+        break;
+      default:
+        launch(per_token_kernel<T, Q, VEC, kTokenMaxVecs>);
+        break;
+    }
   }
 };
 
