@@ -61,13 +61,19 @@ inline constexpr int kMaxVecsPerRow = 4096;
 #define NORM_PERSISTENT 0
 #endif
 #ifndef NORM_VECS_PER_THREAD  // 16-byte vectors of a row a thread aims to hold (halved for the fused add)
-#define NORM_VECS_PER_THREAD 2
+#define NORM_VECS_PER_THREAD 4
 #endif
 #ifndef NORM_LOAD  // 0: ld.global.nc with L1::no_allocate + L2::256B prefetch; 1: plain ld.global.nc
 #define NORM_LOAD 0
 #endif
 #ifndef NORM_THREADS_PER_SM  // resident threads per SM the register budget is sized for
 #define NORM_THREADS_PER_SM 1024
+#endif
+#ifndef NORM_WEIGHT_IN_REGS  // 0: read the weight (an L1 hit) after the reduction, to save registers
+#define NORM_WEIGHT_IN_REGS 1
+#endif
+#ifndef NORM_MIN_BLOCK  // threads of the smallest block: several row groups share a block below it
+#define NORM_MIN_BLOCK 128
 #endif
 inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
 
@@ -89,7 +95,7 @@ struct RowConfig {
   // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
   // memory round trip); wider rows (only where 1024 threads are not enough) read the weight from L1
   // after the reduction, to stay within the register budget without spilling.
-  static constexpr bool kWeightInRegs = kVecsPerThread <= std::max(kTarget, 4 / kStreams);
+  static constexpr bool kWeightInRegs = NORM_WEIGHT_IN_REGS && kVecsPerThread <= std::max(kTarget, 4 / kStreams);
   // Persistent blocks prefetch their next row into registers while finishing the current one.
   static constexpr bool kPrefetch = kPersistent && kWeightInRegs;
 };
@@ -97,7 +103,7 @@ struct RowConfig {
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
 // few rows over many SMs (latency at small T); at large T an SM holds 8+ of them.
 template <typename T, int kHA, int kHB, int kStreams>
-inline constexpr int kBlockThreads = std::max({128, RowConfig<T, kHA, kStreams>::kThreads,
+inline constexpr int kBlockThreads = std::max({NORM_MIN_BLOCK, RowConfig<T, kHA, kStreams>::kThreads,
                                                kHB > 0 ? RowConfig<T, kHB, kStreams>::kThreads : 1});
 
 inline constexpr int kGenericThreads = 256;
