@@ -149,7 +149,7 @@ PY
     return "$install_rc"
 }
 
-run_step env env_info
+STEP_TIMEOUT="" run_step env env_info  # a shell function: timeout(1) cannot run it
 
 for step in "$@"; do
     case "$step" in
