@@ -37,6 +37,25 @@ def run_python(
     )
 
 
+def run_python_concurrently(
+    code: str, envs: list[dict], timeout: float = 600
+) -> list[tuple[int, str, str]]:
+    """Start `code` in one fresh interpreter per entry of `envs` (each the test's environment plus
+    that dict, compiles logged), all at once; return (returncode, stdout, stderr) of each."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env={**os.environ, "SGLJIT_LOG": "info", **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env in envs
+    ]
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+
+
 def has_nvcc() -> bool:
     from sgljit.toolchain import find_nvcc
 

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from ..conftest import has_nvcc, run_python
+from ..conftest import has_nvcc, run_python, run_python_concurrently
 from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS, published
 
 
@@ -18,23 +18,11 @@ def test_many_hosts_on_one_shared_folder_publish_one_module(cache_dir):
     """Processes claiming three host names (three ranks each) cold-start on one cache folder:
     at most one build per host, exactly one published module, every process gets a working one."""
     code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
-    procs = []
-    for host in ("node-a", "node-b", "node-c"):
-        env = {**os.environ, "SGLJIT_LOG": "info", "SGLJIT_HOST_ID": host}
-        procs += [
-            subprocess.Popen(
-                [sys.executable, "-c", code],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(3)
-        ]
-    outputs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
-    assert sum("OK" in out for out, _ in outputs) == 9
-    builds = sum(err.count("compiling add_one") for _, err in outputs)
+    envs = [{"SGLJIT_HOST_ID": host} for host in ("node-a", "node-b", "node-c") for _ in range(3)]
+    results = run_python_concurrently(code, envs)
+    assert all(rc == 0 for rc, _, _ in results), [err for _, _, err in results]
+    assert sum("OK" in out for _, out, _ in results) == 9
+    builds = sum(err.count("compiling add_one") for _, _, err in results)
     assert 1 <= builds <= 3
     assert len(published(cache_dir)) == 1
     root = published(cache_dir)[0].parent

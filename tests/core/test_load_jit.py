@@ -16,7 +16,7 @@ import torch
 import sgljit
 from sgljit.cache import MANIFEST
 
-from ..conftest import has_nvcc, run_python
+from ..conftest import has_nvcc, run_python, run_python_concurrently
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -183,21 +183,10 @@ def test_killed_build_leaves_nothing_that_loads(cache_dir):
 
 def test_concurrent_cold_builds_compile_once(cache_dir):
     code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
-    env = {**os.environ, "SGLJIT_LOG": "info"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
-    ]
-    outputs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
-    assert sum("OK" in out for out, _ in outputs) == 8
-    assert sum(err.count("compiling add_one") for _, err in outputs) == 1
+    results = run_python_concurrently(code, [{}] * 8)
+    assert all(rc == 0 for rc, _, _ in results), [err for _, _, err in results]
+    assert sum("OK" in out for _, out, _ in results) == 8
+    assert sum(err.count("compiling add_one") for _, _, err in results) == 1
     assert len(published(cache_dir)) == 1
 
 
