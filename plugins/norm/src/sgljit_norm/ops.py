@@ -401,6 +401,8 @@ def _check_eps(eps) -> float:
 
 def _rows_collapse(x: torch.Tensor) -> bool:
     """Whether the leading dimensions collapse into one (a single row stride)."""
+    if x.dim() <= 2:  # the common case, and the eager hot path: nothing to check
+        return True
     expected = None
     for size, stride in zip(reversed(x.shape[:-1]), reversed(x.stride()[:-1]), strict=True):
         if size == 1:
