@@ -380,18 +380,22 @@ def test_prebuild_specs_cover_all_dtypes():
 
 
 # ------------------------------------------------------------------------------------------------
-# GPU only: both dynamic code paths, large shapes, torch.compile, CUDA graphs
+# GPU only: every dynamic code path, large shapes, torch.compile, CUDA graphs
 
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [1, 2], ids=["fused", "two_kernels"])
+@pytest.mark.parametrize("mode", [0, 1, 2], ids=["auto", "fused", "two_kernels"])
 @pytest.mark.parametrize(
-    "numel", [1, 7, 1023, 8 * 1024 + 3, 4109 * 4096 + 5, 19260817], ids=lambda n: f"n{n}"
+    # auto: one launch (the tensor as one row of the per-token kernel) up to 64 KB, two kernels above
+    "numel",
+    [0, 1, 7, 1023, 8 * 1024 + 3, 32768, 32769, 4109 * 4096 + 5, 19260817],
+    ids=lambda n: f"n{n}",
 )
 def test_cuda_dynamic_modes(mode, numel):
     x = _data((numel,), torch.bfloat16, "cuda", seed=numel % 1000)
-    x[numel // 2] = -97.25  # the max sits in the middle of some block's chunk
+    if numel:
+        x[numel // 2] = -97.25  # the max sits in the middle of some block's chunk
     out = _poisoned((numel,), E4M3, "cuda")
     scale = torch.full((1,), float("nan"), device="cuda")
     workspace = torch.full((ops.WORKSPACE_SIZE,), float("nan"), device="cuda")

@@ -38,8 +38,9 @@ FP8_DTYPES = reference.FP8_DTYPES
 # Partial maxima of the dynamic per-tensor scale: one slot per block of the absmax pass (its grid is
 # capped by it).
 WORKSPACE_SIZE = 1024
-# CUDA dynamic per-tensor path: "auto" (= "two_kernels": absmax, then quantize), or "fused" (the
-# cooperative single kernel, kept for comparison: it measured slower).
+# CUDA dynamic per-tensor path: "auto" (up to 64 KB of input one launch of the per-token kernel on the
+# tensor as one row, else "two_kernels": absmax, then quantize), "two_kernels" always, or "fused"
+# (the cooperative single kernel, kept for comparison: it measured slower).
 _DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2}
 
 
@@ -155,7 +156,8 @@ def _(input, scale, out):
 def _per_tensor_dynamic(
     input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
 ) -> None:
-    """``algo``: 0 = auto (two kernels); CUDA only: 1 = the fused cooperative kernel, 2 = two kernels."""
+    """``algo``: 0 = auto (one launch up to 64 KB of input, else two kernels); CUDA only: 1 = the
+    fused cooperative kernel, 2 = two kernels."""
     scale.copy_(reference.per_tensor_scale(input, out.dtype).view(scale.shape))
     reference.quantize_into(input, scale, out)
 
