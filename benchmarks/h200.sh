@@ -8,7 +8,7 @@
 # Output goes to $OUT (default /tmp/sgljit-out):
 #   $OUT/h200.log         everything printed, step by step
 #   $OUT/results.tar.gz   benchmarks/results/** (extract at the repo root: tar xzf results.tar.gz)
-#   $OUT/summary.md       one line per step: status, seconds
+#   $OUT/summary.md       one line per step: status, seconds; then every timed case and test total
 # The tarball and summary are refreshed after every step, so a run cut short still returns them.
 #
 # Steps:
@@ -82,6 +82,14 @@ pack() {
         for i in "${!NAMES[@]}"; do
             echo "| ${NAMES[$i]} | ${STATUS[$i]} | ${SECS[$i]} |"
         done
+        # One line per timed case and per test total, step by step: what A/B runs need to compare.
+        echo
+        echo "## timings (µs) and test totals, by step"
+        awk '/^======== .*: rc=/ {next}
+             /^======== / {n = $0; sub(/^======== /, "", n); sub(/: (bash -c|python3) .*/, "", n); sub(/ ========$/, "", n); print "- " n}
+             /^\[/ {c = $0}
+             !/^========/ && /MB\/call: / {x = $0; sub(/.*MB\/call: /, "", x); print "    " c " " x}
+             / passed| failed/ {print "    " $0}' "$LOG"
     } >"$SUMMARY"
 }
 
