@@ -33,6 +33,7 @@ def test_info_reports_versions_compilers_and_cache(cache_dir):
         "nvcc",
         str(cache_dir),
         "plugins:",
+        "programmatic dependent launch",
     ):
         assert needle in result.stdout, (needle, result.stdout)
 

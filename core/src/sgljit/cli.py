@@ -73,6 +73,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         rows.append(("cuda arch", " ".join(toolchain.cuda_arch_list())))
     except Exception as err:
         rows.append(("cuda arch", f"none ({err})"))
+    rows.append(("cuda launches", _pdl_state()))
     rows += _sycl_rows()
     root = cache_root()
     rows.append(("cache", f"{root} ({_human(_folder_size(root))})"))
@@ -90,6 +91,13 @@ def cmd_info(args: argparse.Namespace) -> int:
             conflict = len(table.get(op, ())) > 1
             print(f"    {op}{'  (CONFLICT: claimed by several plugins)' if conflict else ''}")
     return 0
+
+
+def _pdl_state() -> str:
+    """How CUDA kernels are launched (mirrors sgljit::pdl_enabled in include/sgljit/cuda.cuh)."""
+    if os.environ.get("SGLJIT_PDL") == "0":
+        return "ordinary (SGLJIT_PDL=0)"
+    return "programmatic dependent launch on sm_90+ (SGLJIT_PDL=0 turns it off)"
 
 
 def _sycl_rows() -> list[tuple[str, str]]:
