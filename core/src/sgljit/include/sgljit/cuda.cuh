@@ -4,10 +4,13 @@
 #include <cuda_runtime.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
-#include <array>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "tensor.h"
 #include "utils.h"
@@ -25,19 +28,49 @@ inline void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
-// Number of SMs of a device; cached because cudaDeviceGetAttribute is not free on the hot path.
-inline int num_sms(int device_id) {
-  static std::array<int, 64> cache{};
+// An attribute of a device (cudaDevAttr*), asked of the runtime once per (device, attribute) in a
+// process: cudaDeviceGetAttribute is not free on the hot path.
+inline int device_attribute(int device_id, cudaDeviceAttr attr) {
+  RuntimeCheck(device_id >= 0, "device id out of range: ", device_id);
+  static std::map<std::pair<int, int>, int> cache;
   static std::mutex mutex;
-  RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
-  int& slot = cache[device_id];
-  if (slot == 0) {
-    std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = cache.try_emplace({device_id, static_cast<int>(attr)}, 0);
+  if (inserted) {
     int value = 0;
-    check_cuda(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device_id), "cudaDeviceGetAttribute");
-    slot = value;
+    const cudaError_t err = cudaDeviceGetAttribute(&value, attr, device_id);
+    if (err != cudaSuccess) cache.erase(it);
+    check_cuda(err, "cudaDeviceGetAttribute");
+    it->second = value;
   }
-  return slot;
+  return it->second;
+}
+
+inline int num_sms(int device_id) { return device_attribute(device_id, cudaDevAttrMultiProcessorCount); }
+
+// Blocks of kKernel resident per SM of `device_id` at `threads` threads per block and `smem` bytes of
+// dynamic shared memory (at least 1: grids sized from it never come out empty); asked once per
+// (device, threads, smem) in a process. Persistent grids are num_sms() x this.
+template <auto kKernel>
+int resident_blocks(int device_id, int threads, size_t smem = 0) {
+  static std::map<std::tuple<int, int, size_t>, int> cache;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = cache.try_emplace({device_id, threads, smem}, 0);
+  if (inserted) {
+    int current = 0, blocks = 0;
+    cudaError_t err = cudaGetDevice(&current);
+    if (err == cudaSuccess) err = cudaSetDevice(device_id);
+    if (err == cudaSuccess) {
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem);
+      const cudaError_t restore = cudaSetDevice(current);
+      if (err == cudaSuccess) err = restore;
+    }
+    if (err != cudaSuccess) cache.erase(it);
+    check_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    it->second = std::max(blocks, 1);
+  }
+  return it->second;
 }
 
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched with PDL may be scheduled while the
@@ -65,23 +98,13 @@ inline bool pdl_enabled(int device_id) {
     const char* v = std::getenv("SGLJIT_PDL");
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
-  static std::array<int, 64> major{};  // 0: not yet asked
-  static std::mutex mutex;
-  if (!env_on) return false;
-  RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
-  int& slot = major[device_id];
-  if (slot == 0) {
-    std::lock_guard<std::mutex> lock(mutex);
-    int value = 0;
-    check_cuda(cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device_id), "cudaDeviceGetAttribute");
-    slot = value;
-  }
-  return slot >= 9;
+  return env_on && device_attribute(device_id, cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
 // LaunchKernel(kernel, grid, block, smem, device)(args...): launches on torch's current stream for
 // `device` and raises a RuntimeError naming `name` if the launch failed. `.pdl()` launches with
 // programmatic dependent launch where pdl_enabled(); only for kernels that call pdl_wait() first.
+// `.cooperative()` launches cooperatively (grid-wide sync; every block must be resident).
 template <typename... KernelArgs>
 class LaunchKernel {
  public:
@@ -94,6 +117,11 @@ class LaunchKernel {
     return *this;
   }
 
+  LaunchKernel& cooperative(bool on = true) {
+    cooperative_ = on;
+    return *this;
+  }
+
   template <typename... Args>
   void operator()(Args&&... args) const {
     if (grid_.x == 0 || grid_.y == 0 || grid_.z == 0) return;  // nothing to do; a zero grid is a launch error
@@ -102,11 +130,18 @@ class LaunchKernel {
     config.blockDim = block_;
     config.dynamicSmemBytes = smem_;
     config.stream = get_stream(device_);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned num_attrs = 0;
+    if (pdl_) {
+      attr[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[num_attrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cooperative_) {
+      attr[num_attrs].id = cudaLaunchAttributeCooperative;
+      attr[num_attrs++].val.cooperative = 1;
+    }
     config.attrs = attr;
-    config.numAttrs = pdl_ ? 1 : 0;
+    config.numAttrs = num_attrs;
     cudaError_t err = cudaLaunchKernelEx(&config, kernel_, static_cast<KernelArgs>(args)...);
     if (err == cudaSuccess) err = cudaGetLastError();
     if (err != cudaSuccess) {
@@ -122,6 +157,7 @@ class LaunchKernel {
   DLDevice device_;
   const char* name_;
   bool pdl_ = false;
+  bool cooperative_ = false;
 };
 
 }  // namespace sgljit

@@ -387,25 +387,20 @@ template <typename T, int kHA, int kHB, bool kGemma, bool kFused>
 void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb, bool has_b, float eps,
                  DLDevice device, const char* name) {
   const bool fast = kHA > 0 && (!has_b || kHB > 0) && fast_layout(a, kFused) && (!has_b || fast_layout(b, kFused));
-  const int sms = sgljit::num_sms(device.device_id);
   if constexpr (kHA > 0) {
     if (fast) {
       constexpr int kStreams = kFused ? 2 : 1;
       constexpr int kBlock = kBlockThreads<T, kHA, kHB, kStreams>;
       constexpr auto kernel = norm_kernel<T, kBlock, kGemma, kFused, kHA, kHB>;
-      static const int resident = [] {
-        int n = 0;
-        sgljit::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kBlock, 0),
-                           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-        return std::max(n, 1);
-      }();
       const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / RowConfig<T, kHA, kStreams>::kThreads);
       int64_t gb = 0;
       if constexpr (kHB > 0) {
         if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kStreams>::kThreads);
       }
       // Not persistent: a block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
-      const int64_t cap = kPersistent ? static_cast<int64_t>(sms) * resident : int64_t{0x7fffffff};
+      const int64_t cap = kPersistent ? int64_t{sgljit::num_sms(device.device_id)} *
+                                            sgljit::resident_blocks<kernel>(device.device_id, kBlock)
+                                      : int64_t{0x7fffffff};
       int grid_a = 0, grid = 0;
       split_grid(ga, gb, cap, &grid_a, &grid);
       sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps);
@@ -413,14 +408,10 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
     }
   }
   constexpr auto kernel = norm_generic_kernel<T, kGemma, kFused>;
-  static const int resident = [] {
-    int n = 0;
-    sgljit::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kGenericThreads, 0),
-                       "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    return std::max(n, 1);
-  }();
+  const int64_t resident = int64_t{sgljit::num_sms(device.device_id)} *
+                           sgljit::resident_blocks<kernel>(device.device_id, kGenericThreads);
   int grid_a = 0, grid = 0;
-  split_grid(a.rows, has_b ? b.rows : 0, static_cast<int64_t>(sms) * resident, &grid_a, &grid);
+  split_grid(a.rows, has_b ? b.rows : 0, resident, &grid_a, &grid);
   sgljit::LaunchKernel(kernel, grid, kGenericThreads, 0, device, name).pdl()(a, ha, has_b ? b : a, has_b ? hb : ha,
                                                                         grid_a, eps);
 }

@@ -681,28 +681,7 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void per_token_kernel(
 // ------------------------------------------------------------------------------------------------
 // Host side
 
-struct DeviceInfo {
-  int sms = 0, max_smem_optin = 0, l2_bytes = 0, cooperative = 0;
-};
-
-inline const DeviceInfo& device_info(int device_id) {
-  static std::array<DeviceInfo, 64> cache{};
-  static std::mutex mutex;
-  RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
-  std::lock_guard<std::mutex> lock(mutex);
-  DeviceInfo& info = cache[device_id];
-  if (info.sms == 0) {
-    check_cuda(cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                      device_id),
-               "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&info.l2_bytes, cudaDevAttrL2CacheSize, device_id),
-               "cudaDeviceGetAttribute");
-    check_cuda(cudaDeviceGetAttribute(&info.cooperative, cudaDevAttrCooperativeLaunch, device_id),
-               "cudaDeviceGetAttribute");
-    info.sms = num_sms(device_id);
-  }
-  return info;
-}
+inline int l2_bytes(int device_id) { return device_attribute(device_id, cudaDevAttrL2CacheSize); }
 
 inline void check_dtype(const TensorView& t, const char* name, DLDataType want) {
   RuntimeCheck(same_dtype(t.dtype(), want), name, ": dtype expected ", dtype_name(want), ", got ",
@@ -720,32 +699,11 @@ inline bool aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
 
-// Resident blocks of kKernel per SM at kThreads threads and no dynamic shared memory (>= 1; cached
-// per device): the persistent grids are SMs x this.
-template <auto kKernel, int kThreads>
-int resident_blocks(int device_id) {
-  static std::array<int, 64> cache{};
-  static std::mutex mutex;
-  RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
-  std::lock_guard<std::mutex> lock(mutex);
-  int& slot = cache[device_id];
-  if (slot == 0) {
-    int current = 0, blocks = 0;
-    check_cuda(cudaGetDevice(&current), "cudaGetDevice");
-    check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    check_cuda(cudaSetDevice(current), "cudaSetDevice");
-    slot = std::max(blocks, 1);
-  }
-  return slot;
-}
-
 // Persistent grid for `kKernel`: at most SMs x resident blocks (and `cap`), at least one block, and
 // no more blocks than one vector per thread needs.
 template <auto kKernel, int kThreads>
 int64_t persistent_grid(int device_id, int64_t nv, int64_t cap) {
-  const int64_t full = int64_t(device_info(device_id).sms) * resident_blocks<kKernel, kThreads>(device_id);
+  const int64_t full = int64_t(num_sms(device_id)) * resident_blocks<kKernel>(device_id, kThreads);
   return std::clamp<int64_t>(div_ceil<int64_t>(nv, kThreads), 1, std::min(full, cap));
 }
 
@@ -841,7 +799,6 @@ struct QuantFp8 {
   static void dynamic_launch(const T* x, uint8_t* o, TensorView scale, TensorView workspace, int64_t numel,
                              int64_t mode, DLDevice dev) {
     constexpr int64_t kVecBytesHere = sizeof(T) * VEC;
-    const DeviceInfo& info = device_info(dev.device_id);
     float* s = static_cast<float*>(scale.data_ptr());
     uint32_t* ws = static_cast<uint32_t*>(workspace.data_ptr());
     const int64_t nv = numel / VEC;
@@ -856,7 +813,7 @@ struct QuantFp8 {
     constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
     const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel());
     const int64_t grid_q = persistent_grid<quant, kQuantThreads>(dev.device_id, nv, INT32_MAX);
-    const int64_t keep_from = nv - int64_t(info.l2_bytes) * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere;
+    const int64_t keep_from = nv - int64_t(l2_bytes(dev.device_id)) * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere;
     LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
         .pdl()(x, ws, numel, keep_from);
     LaunchKernel(quant, dim3(grid_q), dim3(kQuantThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")
@@ -868,33 +825,22 @@ struct QuantFp8 {
                            DLDevice dev) {
     auto kernel = per_tensor_fused_kernel<T, Q, VEC>;
     constexpr int64_t kVecBytesHere = sizeof(T) * VEC;
-    const DeviceInfo& info = device_info(dev.device_id);
     const int64_t nv = numel / VEC;
     // Up to the opt-in maximum of shared memory (less what the kernel declares statically).
-    const int smem_cap = std::max(0, info.max_smem_optin - 1024);
+    const int smem_cap = std::max(0, device_attribute(dev.device_id, cudaDevAttrMaxSharedMemoryPerBlockOptin) - 1024);
     const int64_t cap_vecs = smem_cap / kVecBytesHere;
     const int blocks_fit = fused_blocks_per_sm<VEC>(dev.device_id, smem_cap);
-    RuntimeCheck(info.cooperative && blocks_fit > 0,
+    RuntimeCheck(device_attribute(dev.device_id, cudaDevAttrCooperativeLaunch) && blocks_fit > 0,
                  "per_tensor_quant_fp8: cooperative launch is not available on this device");
     // At least 1024 vectors (one per thread) per block: small tensors use few blocks.
     const int64_t grid = std::clamp<int64_t>(div_ceil<int64_t>(nv, kFusedThreads), 1,
-                                             std::min<int64_t>(int64_t(info.sms) * blocks_fit, ws_size));
+                                             std::min<int64_t>(int64_t(num_sms(dev.device_id)) * blocks_fit, ws_size));
     const int64_t chunk = div_ceil<int64_t>(nv, grid);
     const int64_t keep_vecs = std::min<int64_t>(cap_vecs, chunk);
-    const int64_t l2_vecs = int64_t(info.l2_bytes) * 45 / 100 / grid / kVecBytesHere;
+    const int64_t l2_vecs = int64_t(l2_bytes(dev.device_id)) * 45 / 100 / grid / kVecBytesHere;
     const size_t smem = size_t(keep_vecs * kVecBytesHere);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(kFusedThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = get_stream(dev);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, x, o, s, ws, numel, keep_vecs, l2_vecs),
-               "launch of per_tensor_quant_fp8 (dynamic, fused)");
+    LaunchKernel(kernel, dim3(grid), dim3(kFusedThreads), smem, dev, "per_tensor_quant_fp8 (dynamic, fused)")
+        .cooperative()(x, o, s, ws, numel, keep_vecs, l2_vecs);
   }
 
   // Blocks of the fused kernel that fit on one SM with `smem` bytes of dynamic shared memory
@@ -959,7 +905,7 @@ struct QuantFp8 {
     // grid has fewer than QUANT_FP8_TOKEN_THREADS_PER_SM threads per SM.
     int64_t P = std::min<int64_t>(32, pow2_at_least(nvr));
     while (P < 1024 && div_ceil<int64_t>(nvr, P) > kTokenMaxVecs) P *= 2;
-    const int64_t target = int64_t(device_info(dev.device_id).sms) * QUANT_FP8_TOKEN_THREADS_PER_SM;
+    const int64_t target = int64_t(num_sms(dev.device_id)) * QUANT_FP8_TOKEN_THREADS_PER_SM;
     while (P < 1024 && P < nvr && rows * P < target) P *= 2;
     int64_t N = pow2_at_least(std::min<int64_t>(div_ceil<int64_t>(nvr, P), kTokenMaxVecs));
     if (P > kTokenMaxThreads<kTokenMaxVecs>) N = std::min<int64_t>(N, kTokenMaxVecs / 2);

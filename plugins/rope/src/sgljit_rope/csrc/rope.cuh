@@ -418,13 +418,8 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
 // items' count and the grid's stride in p (chunks must be set).
 template <auto Kernel>
 inline int grid_size(int block, int groups, int device_id, RopeParams& p) {
-  static const int blocks_per_sm = [block] {
-    int n = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0), "cudaOccupancyMaxActiveBlocks");
-    return std::max(n, 1);
-  }();
   const int64_t needed = div_ceil<int64_t>(p.num_tokens * p.chunks, groups);
-  const int64_t resident = static_cast<int64_t>(num_sms(device_id)) * blocks_per_sm;
+  const int64_t resident = static_cast<int64_t>(num_sms(device_id)) * resident_blocks<Kernel>(device_id, block);
   const int grid = static_cast<int>(std::min(needed, resident));
   const int64_t stride = static_cast<int64_t>(grid) * groups;  // < 2^31: resident groups
   p.step_tokens = stride / p.chunks;

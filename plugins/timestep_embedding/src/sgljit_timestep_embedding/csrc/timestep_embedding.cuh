@@ -39,8 +39,6 @@
 #include <sgljit/vec.cuh>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdint>
 
 namespace sgljit_timestep_embedding {
@@ -220,21 +218,6 @@ __global__ void __launch_bounds__(kFlatBlockThreads) timestep_embedding_flat_ker
   }
 }
 
-// Resident blocks per SM of `Kernel` at `threads` per block (registers decide it); cached per size.
-template <auto Kernel>
-int blocks_per_sm(int threads, size_t smem) {
-  static std::array<std::atomic<int>, kRowsBlockThreads + 1> cache{};
-  std::atomic<int>& slot = cache[std::min(threads, kRowsBlockThreads)];
-  int value = slot.load(std::memory_order_relaxed);
-  if (value == 0) {
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&value, Kernel, threads, smem),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    value = std::max(value, 1);
-    slot.store(value, std::memory_order_relaxed);
-  }
-  return value;
-}
-
 template <typename TIn, typename TOut, int V>
 void launch(const Params& p, bool rows_kernel, DLDevice device) {
   const int sms = num_sms(device.device_id);
@@ -247,7 +230,7 @@ void launch(const Params& p, bool rows_kernel, DLDevice device) {
     // Persistent-style grid: at most one wave of resident blocks, rows split evenly between them.
     constexpr auto kernel = timestep_embedding_rows_kernel<TIn, TOut, V>;
     const size_t smem = ty > 1 ? static_cast<size_t>(tx) * V * sizeof(float) : 0;
-    const int resident = std::max(1, blocks_per_sm<kernel>(tx * ty, smem) * sms / chunks);
+    const int resident = std::max(1, resident_blocks<kernel>(device.device_id, tx * ty, smem) * sms / chunks);
     const int64_t row_blocks = div_ceil<int64_t>(p.rows, ty);
     const int64_t iters = div_ceil<int64_t>(row_blocks, resident);
     const int64_t grid_x = div_ceil<int64_t>(row_blocks, iters);
