@@ -32,6 +32,18 @@ def load_add_one(source_dir=KERNELS, dtype=torch.float32):
     )
 
 
+def load_add_one_cuda(name: str, dtype=torch.float32):
+    """The CUDA add_one kernel (kernels/add_one.cuh) as module `name`."""
+    args = sgljit.make_cpp_args(dtype)
+    return sgljit.load_jit(
+        name,
+        *args,
+        cuda_files=["add_one.cuh"],
+        cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
+        source_dir=KERNELS,
+    )
+
+
 LOAD_IN_SUBPROCESS = """
 import torch, sgljit
 args = sgljit.make_cpp_args(torch.float32)
@@ -216,14 +228,7 @@ def test_bad_arguments(cache_dir):
 @pytest.mark.skipif(not has_nvcc(), reason="nvcc not found")
 def test_cuda_module_builds_for_requested_arch(cache_dir, monkeypatch):
     monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
-    args = sgljit.make_cpp_args(torch.bfloat16)
-    module = sgljit.load_jit(
-        "add_one_cuda",
-        *args,
-        cuda_files=["add_one.cuh"],
-        cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
-        source_dir=KERNELS,
-    )
+    module = load_add_one_cuda("add_one_cuda", torch.bfloat16)
     [folder] = published(cache_dir, "add_one_cuda")
     assert folder.parent.name == "9.0a" and folder.parent.parent.name == "cuda"
     ninja = (folder / "build.ninja").read_text()
@@ -240,20 +245,9 @@ def test_cuda_module_builds_for_requested_arch(cache_dir, monkeypatch):
 @pytest.mark.skipif(not has_nvcc(), reason="nvcc not found")
 def test_extra_cuda_cflags_from_env_are_built_and_keyed(cache_dir, monkeypatch):
     monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
-    args = sgljit.make_cpp_args(torch.float32)
-
-    def build():
-        return sgljit.load_jit(
-            "add_one_flags",
-            *args,
-            cuda_files=["add_one.cuh"],
-            cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
-            source_dir=KERNELS,
-        )
-
-    build()
+    load_add_one_cuda("add_one_flags")
     monkeypatch.setenv("SGLJIT_EXTRA_CUDA_CFLAGS", "-DSGLJIT_TEST_FLAG=1 -Xptxas=-O3")
-    build()
+    load_add_one_cuda("add_one_flags")
     folders = published(cache_dir, "add_one_flags")
     assert len(folders) == 2, "the extra flags must give a module of its own"
     ninjas = [(f / "build.ninja").read_text() for f in folders]
@@ -266,14 +260,7 @@ def test_extra_cuda_cflags_from_env_are_built_and_keyed(cache_dir, monkeypatch):
 def test_pdl_launches_keep_stream_order_in_a_graph(cache_dir):
     """add_one is launched with programmatic dependent launch (on sm_90+): 200 launches on one
     buffer, eager and replayed from a CUDA graph, must each see the previous one's result."""
-    args = sgljit.make_cpp_args(torch.float32)
-    module = sgljit.load_jit(
-        "add_one_pdl",
-        *args,
-        cuda_files=["add_one.cuh"],
-        cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
-        source_dir=KERNELS,
-    )
+    module = load_add_one_cuda("add_one_pdl")
     x = torch.randn(1 << 20, device="cuda")
     start = x.clone()
     for _ in range(200):
