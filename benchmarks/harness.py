@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import gc
+import json
 import math
 import platform
 import re
@@ -344,8 +345,18 @@ def _short(e: BaseException, limit: int = 160) -> str:
     return msg if len(msg) <= limit else msg[: limit - 1] + "…"
 
 
-def _tensor_bytes(inputs: Inputs) -> int:
-    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+def _tensor_bytes(inputs: Inputs, shared_with: Inputs | None = None) -> int:
+    """Bytes of the tensors in inputs; with shared_with, only those it does not share (a tensor
+    every copy shares, like a rope cos/sin cache, costs no memory per copy)."""
+    total = 0
+    for key, v in inputs.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        other = shared_with.get(key) if shared_with else None
+        if isinstance(other, torch.Tensor) and other.data_ptr() == v.data_ptr():
+            continue
+        total += v.numel() * v.element_size()
+    return total
 
 
 def _load_providers(op: Op, only: set[str] | None) -> dict[str, Callable | str]:
@@ -382,13 +393,18 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
                 cr.cells[name] = Cell(name, error="failed: make_inputs: " + _short(e))
             res.cases.append(cr)
             continue
+        second = None
         if args.dry_run:
             k = 1
         else:
             k = max(1, math.floor(2 * l2 / max(nb, 1)) + 1)
             k = min(k, args.max_copies)
-            k = min(k, max(1, int(args.max_copy_gib * 2**30) // max(_tensor_bytes(first), 1)))
-        copies = [first] + [case.make_inputs(device) for _ in range(k - 1)]
+            second = case.make_inputs(device) if k > 1 else None
+            per_copy = _tensor_bytes(second, shared_with=first) if second else _tensor_bytes(first)
+            k = min(k, max(1, int(args.max_copy_gib * 2**30) // max(per_copy, 1)))
+        copies = [first] + ([second] if second is not None and k > 1 else [])
+        copies += [case.make_inputs(device) for _ in range(k - len(copies))]
+        second = None
         cr = CaseResult(case, nb, k)
         for p in op.providers:
             if p.name not in loaded:
@@ -401,6 +417,11 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
                 pc = [p.prepare(c) for c in copies] if p.prepare else copies
                 us = _time_cpu(fn, pc) if args.dry_run else time_rotated(fn, pc, args.rep)
                 cr.cells[p.name] = Cell(p.name, us=us)
+                if args.kernels and not args.dry_run:
+                    try:
+                        print(f"    {p.name} kernels: {kernel_times(fn, pc)}", flush=True)
+                    except Exception as e:  # a diagnostic: never fails the case
+                        print(f"    {p.name} kernels: failed: {_short(e)}", flush=True)
             except Exception as e:
                 if args.verbose:
                     traceback.print_exc()
@@ -597,12 +618,59 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
     ap.add_argument("--out", help="results folder (default benchmarks/results/<gpu>)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also print each provider's GPU kernels and their mean time (torch.profiler; "
+        "set SGLJIT_PDL=0 so that consecutive kernels do not overlap)",
+    )
+    ap.add_argument(
+        "--json", help="also write every timed cell to this JSON file (benchmarks/ab.py reads it)"
+    )
+    ap.add_argument(
         "--dry-run",
         action="store_true",
         help="no GPU needed: call every provider on the two smallest cases on the CPU",
     )
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
     return ap.parse_args(argv)
+
+
+def kernel_times(fn: Callable[[Inputs], Any], copies: list[Inputs], calls: int = 20) -> str:
+    """The GPU kernels `calls` calls of fn launch (rotating over the copies, outside graphs), as
+    'name mean-µs ×launches-per-call', by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(copies[i % len(copies)])
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.count > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    parts = []
+    for e in rows[:6]:
+        name = re.sub(r"\s+", " ", e.key)
+        name = name if len(name) <= 70 else name[:69] + "…"
+        parts.append(f"{name} {e.device_time_total / e.count:.2f} µs ×{e.count / calls:g}")
+    return "; ".join(parts) or "none recorded"
+
+
+def cells_json(family: str, results: Sequence[OpResult]) -> list[dict[str, Any]]:
+    """One record per (op, case, provider): its median µs (None when it failed) and error."""
+    return [
+        {
+            "family": family,
+            "op": r.op.name,
+            "case": f"{cr.case.series}, {cr.case.label}" if cr.case.series else cr.case.label,
+            "tokens": cr.case.tokens,
+            "provider": cell.provider,
+            "us": cell.us,
+            "error": cell.error,
+        }
+        for r in results
+        for cr in r.cases
+        for cell in cr.cells.values()
+    ]
 
 
 def run_family(family: str, ops: Iterable[Op], argv: Sequence[str] | None = None) -> int:
@@ -652,6 +720,8 @@ def run_family(family: str, ops: Iterable[Op], argv: Sequence[str] | None = None
         print(f"written: {out_dir / (family + '.md')}; {note}")
     else:
         print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(cells_json(family, results), indent=1) + "\n")
     bad = [
         f"{r.op.name} {cr.case.label}: {cr.cells[r.op.subject].error}"
         for r in results
