@@ -40,7 +40,15 @@
 //      8 packed fp8 bytes per vector, evict-first both ways, QUANT_FP8_QUANT_UNROLL vectors in
 //      flight; __launch_bounds__(512, 2) caps it at 64 registers so two blocks fit per SM (left
 //      alone, ptxas took 80 for the Markstein division of 4 vectors at once: one block per SM).
-//      The static-scale kernel is the same pass, forwards.
+//      (The static kernel's layout below, with the partials reduced by every block, measured
+//      1-14% slower here on the H200; a block per chunk instead of a persistent grid, 8% slower.)
+//
+// Per-tensor static: the per-token kernel's layout with the scale given: the tensor is cut into
+// chunks of 32 * N vectors (N = 1, 4 or 16: the largest that still gives about
+// QUANT_FP8_CHUNK_THREADS_PER_SM threads per SM), a warp per chunk holding it in registers; every
+// load is issued before the scale's, so the two latencies overlap. On the H200 this measured
+// 186.6 us at 65536x4096 bf16 (the persistent grid-stride pass of the dynamic op: 210.9) and
+// 1.22 us at 1x4096 (1.77).
 // Vectors are carried as raw words (uint4), not arrays of 16-bit objects: copying those cost byte
 // permutes right after each load, and the loads were then issued one at a time.
 // The cooperative single-launch kernel (SGLJIT_QUANT_FP8_DYNAMIC=fused: absmax, grid barrier,
@@ -58,7 +66,7 @@
 // Tuning macros (defaults are the current choice; SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=VALUE" overrides
 // them and is part of the build cache key): QUANT_FP8_ABSMAX_UNROLL, QUANT_FP8_ABSMAX_THREADS,
 // QUANT_FP8_QUANT_UNROLL, QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS, QUANT_FP8_L2_KEEP_PCT,
-// QUANT_FP8_TOKEN_THREADS_PER_SM.
+// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -91,6 +99,9 @@
 #endif
 #ifndef QUANT_FP8_QUANT_MIN_BLOCKS  // __launch_bounds__ minimum resident blocks (caps the registers)
 #define QUANT_FP8_QUANT_MIN_BLOCKS 2
+#endif
+#ifndef QUANT_FP8_CHUNK_THREADS_PER_SM  // static: threads per SM the chunk-size choice aims at
+#define QUANT_FP8_CHUNK_THREADS_PER_SM 1024
 #endif
 #ifndef QUANT_FP8_L2_KEEP_PCT  // the absmax pass's tail kept in L2 for the quantize pass, % of L2
 #define QUANT_FP8_L2_KEEP_PCT 0  // 45 measured 337.5 us vs 320.1 at 65536x4096 (H200)
@@ -428,20 +439,6 @@ SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, i
   if (i < numel) out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
 }
 
-template <typename T, typename Q, int VEC>
-__global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS) void per_tensor_static_kernel(
-    const T* __restrict__ in, uint8_t* __restrict__ out, const float* __restrict__ scale, int64_t numel) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const float s = __ldcg(scale);  // L2: may have been written by the kernel just before (PDL)
-  const Divider div(s);
-  if (Divider::fast(s)) {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, false, true>(in, out, div, numel);
-  } else {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, false, false>(in, out, div, numel);
-  }
-}
-
 // ------------------------------------------------------------------------------------------------
 // Per-tensor, dynamic scale: two kernels (absmax -> partial maxima, quantize).
 
@@ -620,61 +617,94 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
   }
 }
 
-template <typename T, typename Q, int VEC, int N>
-__global__ __launch_bounds__(kTokenMaxThreads<N>) void per_token_kernel(
-    const T* __restrict__ in, int64_t in_stride, uint8_t* __restrict__ out, int64_t out_stride,
-    float* __restrict__ scales, int64_t num_rows, int64_t hidden, int P) {
+// Where a rows kernel's scale comes from.
+enum class ScaleFrom {
+  kRowMax,    // per-token: each row's own absmax, stored to scales[row]
+  kGiven,     // per-tensor static: scales[0], for rows that are chunks of the tensor
+};
+
+template <typename T>
+struct RowsArgs {
+  const T* in;
+  int64_t in_stride;
+  uint8_t* out;
+  int64_t out_stride;
+  float* scales;
+  int64_t num_rows;
+  int64_t hidden;       // elements of every row but the last
+  int64_t last_hidden;  // elements of the last row (per-tensor: the rest of the tensor)
+  int P;  // lanes per row
+};
+
+template <typename T, typename Q, int VEC, int N, ScaleFrom kFrom>
+__global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArgs<T> a) {
   using IO = Io<T, VEC>;
   pdl_wait();
   pdl_launch_dependents();
   __shared__ uint32_t red[32];
+  const int P = a.P;
   const int rows_per_block = blockDim.x / P;
   const int lane = threadIdx.x & (P - 1);
-  const int64_t row = int64_t(blockIdx.x) * rows_per_block + threadIdx.x / P;
-  const bool valid = row < num_rows;
-  const int nvr = int(hidden / VEC);  // rows are < 2^31 elements (checked on the host)
+  const int64_t index = int64_t(blockIdx.x) * rows_per_block + threadIdx.x / P;
+  const bool valid = index < a.num_rows;
   // Out-of-range lanes and rows load clamped indices (the last vector of the row, the last row):
   // duplicates do not change a max and are not stored, and unpredicated loads are all issued before
   // the first use (guarded ones were interleaved with the max and waited for each other).
-  const T* row_in = in + min(row, num_rows - 1) * in_stride;
+  const int64_t row = min(index, a.num_rows - 1);
+  const int64_t row_len = row == a.num_rows - 1 ? a.last_hidden : a.hidden;
+  const int nvr = int(row_len / VEC);  // rows are < 2^31 elements (checked on the host)
+  const T* row_in = a.in + row * a.in_stride;
 
   typename IO::V x[N];
-  AbsMax<T, VEC> acc;
   if (nvr > 0) {
 #pragma unroll
     for (int k = 0; k < N; ++k) x[k] = IO::template load<true>(row_in + min(lane + k * P, nvr - 1) * VEC);
-#pragma unroll
-    for (int k = 0; k < N; ++k) acc.add(x[k]);
-    for (int j = lane + N * P; j < nvr; j += P) {
-      acc.add(IO::template load<false>(row_in + j * VEC));  // re-read below: keep in L2
-    }
   }
-  uint32_t m = acc.bits();
 
-  // Lanes of a row are P consecutive threads, P-aligned: a warp holds whole rows (P <= 32) or a
-  // row holds whole warps (P > 32).
-  if (P >= 32) {
-    m = __reduce_max_sync(kFullMask, m);
+  uint32_t m = 0;
+  float s;
+  if constexpr (kFrom == ScaleFrom::kRowMax) {
+    AbsMax<T, VEC> acc;
+    if (nvr > 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc.add(x[k]);
+      for (int j = lane + N * P; j < nvr; j += P) {
+        acc.add(IO::template load<false>(row_in + j * VEC));  // re-read below: keep in L2
+      }
+    }
+    for (int64_t e = int64_t(nvr) * VEC + lane; e < row_len; e += P) m = max(m, abs_bits(to_float(row_in[e])));
+    m = max(m, acc.bits());
+    // Lanes of a row are P consecutive threads, P-aligned: a warp holds whole rows (P <= 32) or a
+    // row holds whole warps (P > 32).
+    if (P >= 32) {
+      m = __reduce_max_sync(kFullMask, m);
+    } else {
+      for (int off = P / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(kFullMask, m, off));
+    }
+    if (P > 32) {
+      const int warps_per_row = P / 32, first = (threadIdx.x / P) * warps_per_row;
+      if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+      __syncthreads();
+      m = 0;
+      for (int w = 0; w < warps_per_row; ++w) m = max(m, red[first + w]);
+    }
+    s = scale_from_absmax(m, Fp8<Q>::kMax);
+    if (valid && lane == 0) a.scales[row] = s;
   } else {
-    for (int off = P / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(kFullMask, m, off));
-  }
-  if (P > 32) {
-    const int warps_per_row = P / 32, first = (threadIdx.x / P) * warps_per_row;
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
-    __syncthreads();
-    m = 0;
-    for (int w = 0; w < warps_per_row; ++w) m = max(m, red[first + w]);
+    // The row's loads are already in flight: the scale's latency overlaps them.
+    s = __ldcg(a.scales);  // L2: may have been written by the kernel just before (PDL)
   }
   if (!valid) return;
 
-  const float s = scale_from_absmax(m, Fp8<Q>::kMax);
-  if (lane == 0) scales[row] = s;
   const Divider div(s);
-  uint8_t* row_out = out + row * out_stride;
+  uint8_t* row_out = a.out + row * a.out_stride;
   if (Divider::fast(s)) {
     token_quant<T, Q, VEC, N>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
   } else {
     token_quant_slow<T, Q, VEC>(row_in, row_out, nvr, lane, P, div);
+  }
+  for (int64_t e = int64_t(nvr) * VEC + lane; e < row_len; e += P) {  // fewer than VEC elements
+    row_out[e] = to_fp8<Q>(div.template operator()<false>(to_float(row_in[e])));
   }
 }
 
@@ -706,11 +736,6 @@ int64_t persistent_grid(int device_id, int64_t nv, int64_t cap) {
   const int64_t full = int64_t(num_sms(device_id)) * resident_blocks<kKernel>(device_id, kThreads);
   return std::clamp<int64_t>(div_ceil<int64_t>(nv, kThreads), 1, std::min(full, cap));
 }
-
-template <auto kKernel>
-struct KernelTag {
-  static constexpr auto value = kKernel;
-};
 
 template <typename T, typename Q>
 struct QuantFp8 {
@@ -745,16 +770,11 @@ struct QuantFp8 {
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     const float* s = static_cast<const float*>(scale.data_ptr());
-    auto launch = [&](auto kernel_tag, int vec) {
-      constexpr auto kernel = decltype(kernel_tag)::value;
-      constexpr int kThreads = QUANT_FP8_QUANT_THREADS;
-      const int64_t grid = persistent_grid<kernel, kThreads>(dev.device_id, numel / vec, INT32_MAX);
-      LaunchKernel(kernel, dim3(grid), dim3(kThreads), 0, dev, "per_tensor_quant_fp8 (static)").pdl()(x, o, s, numel);
-    };
+    float* sm = const_cast<float*>(s);  // only read (ScaleFrom::kGiven)
     if (aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
-      launch(KernelTag<per_tensor_static_kernel<T, Q, kVec>>{}, kVec);
+      per_tensor_rows<kVec>(x, o, sm, numel, dev);
     } else {
-      launch(KernelTag<per_tensor_static_kernel<T, Q, 1>>{}, 1);
+      per_tensor_rows<1>(x, o, sm, numel, dev);
     }
   }
 
@@ -909,28 +929,73 @@ struct QuantFp8 {
     while (P < 1024 && P < nvr && rows * P < target) P *= 2;
     int64_t N = pow2_at_least(std::min<int64_t>(div_ceil<int64_t>(nvr, P), kTokenMaxVecs));
     if (P > kTokenMaxThreads<kTokenMaxVecs>) N = std::min<int64_t>(N, kTokenMaxVecs / 2);
-    const int threads = int(std::max<int64_t>(P, 128));
-    const int64_t grid = div_ceil<int64_t>(rows, threads / P);
-    auto launch = [&](auto kernel) {
-      LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, "per_token_quant_fp8")
-          .pdl()(x, in_stride, o, out_stride, s, rows, hidden, int(P));
-    };
-    switch (N) {
-      case 1:
-        launch(per_token_kernel<T, Q, VEC, 1>);
-        break;
-      case 2:
-        launch(per_token_kernel<T, Q, VEC, 2>);
-        break;
-      case 4:
-        launch(per_token_kernel<T, Q, VEC, 4>);
-        break;
-      case 8:
-        launch(per_token_kernel<T, Q, VEC, 8>);
-        break;
-      default:
-        launch(per_token_kernel<T, Q, VEC, kTokenMaxVecs>);
-        break;
+    RowsArgs<T> a{};
+    a.in = x;
+    a.in_stride = in_stride;
+    a.out = o;
+    a.out_stride = out_stride;
+    a.scales = s;
+    a.num_rows = rows;
+    a.hidden = a.last_hidden = hidden;
+    a.P = int(P);
+    launch_rows<VEC, ScaleFrom::kRowMax>(a, N, dev, "per_token_quant_fp8");
+  }
+
+  // Static scale: the tensor as rows ("chunks") of 32 * N vectors, a warp each, quantized with
+  // scales[0]. N (1, 4, 16) is the largest that still gives about QUANT_FP8_CHUNK_THREADS_PER_SM
+  // threads per SM.
+  template <int VEC>
+  static void per_tensor_rows(const T* x, uint8_t* o, float* s, int64_t numel, DLDevice dev) {
+    const int64_t nv = numel / VEC;
+    const int64_t warps = int64_t(num_sms(dev.device_id)) * QUANT_FP8_CHUNK_THREADS_PER_SM / 32;
+    const int64_t N = nv >= 16 * 32 * warps ? 16 : nv >= 4 * 32 * warps ? 4 : 1;
+    const int64_t chunk = 32 * N * VEC;
+    RowsArgs<T> a{};
+    a.in = x;
+    a.out = o;
+    a.in_stride = a.out_stride = a.hidden = chunk;
+    a.scales = s;
+    a.num_rows = div_ceil<int64_t>(numel, chunk);
+    a.last_hidden = numel - (a.num_rows - 1) * chunk;
+    a.P = 32;
+    launch_rows<VEC, ScaleFrom::kGiven>(a, N, dev, "per_tensor_quant_fp8 (static)");
+  }
+
+  template <int VEC, ScaleFrom kFrom>
+  static void launch_rows(const RowsArgs<T>& a, int64_t N, DLDevice dev, const char* name) {
+    const int threads = std::max(a.P, 128);
+    const int64_t grid = div_ceil<int64_t>(a.num_rows, threads / a.P);
+    auto launch = [&](auto kernel) { LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, name).pdl()(a); };
+    if constexpr (kFrom == ScaleFrom::kRowMax) {
+      switch (N) {
+        case 1:
+          launch(rows_kernel<T, Q, VEC, 1, kFrom>);
+          break;
+        case 2:
+          launch(rows_kernel<T, Q, VEC, 2, kFrom>);
+          break;
+        case 4:
+          launch(rows_kernel<T, Q, VEC, 4, kFrom>);
+          break;
+        case 8:
+          launch(rows_kernel<T, Q, VEC, 8, kFrom>);
+          break;
+        default:
+          launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
+          break;
+      }
+    } else {  // per-tensor: fewer instantiations (compile time)
+      switch (N) {
+        case 1:
+          launch(rows_kernel<T, Q, VEC, 1, kFrom>);
+          break;
+        case 4:
+          launch(rows_kernel<T, Q, VEC, 4, kFrom>);
+          break;
+        default:
+          launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
+          break;
+      }
     }
   }
 };
