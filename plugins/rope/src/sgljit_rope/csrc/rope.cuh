@@ -16,9 +16,11 @@
 // registers (ROPE_HEADS_PER_ITEM, 16-byte vectors of 2-byte types only; 4 heads need ~80).
 // Heads are held as 32-bit words (HeadVec), so every load and store stays one 16-byte access.
 // q and k chunks (and, for the KV variant, k-store and v-copy chunks) are items of one launch.
-// The grid is persistent: at most as many blocks as fit on the GPU at once, striding over items;
-// a thread steps its (token, chunk) by the stride's quotient and remainder (no 64-bit division
-// per item: it sat before the first load of every item).
+// apply_rope launches a block per `kGroups` items (the hardware scheduler overlaps blocks; a
+// persistent grid measured 3% slower at T=16384, ROPE_PERSISTENT=1); the KV kernel's grid is
+// persistent: at most as many blocks as fit on the GPU at once, striding over items. A thread steps
+// its (token, chunk) by the grid's stride's quotient and remainder (no 64-bit division per item: it
+// sat before the first load of every item).
 //
 // Programmatic dependent launch: each kernel waits for the previous kernel on the stream
 // (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
@@ -44,11 +46,19 @@ namespace sgljit_rope {
 
 using namespace sgljit;
 
-inline constexpr int kBlockTarget = 256;  // threads per block (rounded down to whole lane groups)
+#ifndef ROPE_BLOCK_TARGET  // threads per block (rounded down to whole lane groups)
+#define ROPE_BLOCK_TARGET 256
+#endif
+inline constexpr int kBlockTarget = ROPE_BLOCK_TARGET;
 
 // Heads per work item for 16-byte vectors of 2-byte types (VEC >= 8); narrower vectors take 4.
 #ifndef ROPE_HEADS_PER_ITEM
 #define ROPE_HEADS_PER_ITEM 2
+#endif
+// apply_rope's grid. 1: persistent (at most the resident blocks, striding over items); 0: one block
+// per `groups` items, the hardware scheduler overlapping blocks.
+#ifndef ROPE_PERSISTENT
+#define ROPE_PERSISTENT 0
 #endif
 // gptj with each 16-byte vector holding whole pairs, contiguous across the lane group (see above).
 #ifndef ROPE_GPTJ_SPLIT
@@ -67,13 +77,15 @@ struct Geometry {
   // Heads per work item: kHeads * 2 vectors of loads in flight per thread, within the budget below.
   static constexpr int kHeads = VEC >= 8 ? ROPE_HEADS_PER_ITEM : 4;
   static_assert(kHeads >= 1 && kHeads <= 8, "ROPE_HEADS_PER_ITEM must be in [1, 8]");
-  // Register budget per thread: 64 (half occupancy is plenty: every thread keeps kHeads * 2 16-byte
-  // loads in flight; 2 heads of bf16 take 56). 4 heads of bf16 take ~78 under an 80 cap, no spill
-  // (3/8 occupancy; a 64 cap spills). ROPE_MAX_REGS overrides the budget.
+  // Register budget per thread: 48 for 2 heads of 2-byte types (no spill; left alone ptxas takes 56,
+  // and 5 blocks of 256 per SM instead of 4 measured 10% faster at T=1024, the same at 16384);
+  // 64 for fp32 (4 heads of 4-element vectors spill under 48).
+  // 4 heads of bf16 take ~78 under an 80 cap, no spill (3/8 occupancy; a 64 cap spills).
+  // ROPE_MAX_REGS overrides the budget.
 #ifdef ROPE_MAX_REGS
   static constexpr int kRegs = ROPE_MAX_REGS;
 #else
-  static constexpr int kRegs = kHeads * VEC > 16 ? 80 : 64;
+  static constexpr int kRegs = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 48 : 64;
 #endif
   static constexpr int kMinBlocks = 65536 / (kRegs * kBlock) > 0 ? 65536 / (kRegs * kBlock) : 1;
   // The KV kernel (three kinds of item: q, k + store, v copy) keeps 2 heads per item for 16-byte
@@ -414,14 +426,15 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
 // ------------------------------------------------------------------------------------------------
 // Host side.
 
-// Persistent grid: enough blocks for the work, at most as many as are resident at once. Sets the
-// items' count and the grid's stride in p (chunks must be set).
+// Grid: enough blocks for the work; persistent: at most as many as are resident at once. Sets the
+// grid's stride in p (chunks must be set).
 template <auto Kernel>
-inline int grid_size(int block, int groups, int device_id, RopeParams& p) {
+inline int grid_size(int block, int groups, int device_id, RopeParams& p, bool persistent = true) {
   const int64_t needed = div_ceil<int64_t>(p.num_tokens * p.chunks, groups);
-  const int64_t resident = static_cast<int64_t>(num_sms(device_id)) * resident_blocks<Kernel>(device_id, block);
-  const int grid = static_cast<int>(std::min(needed, resident));
-  const int64_t stride = static_cast<int64_t>(grid) * groups;  // < 2^31: resident groups
+  const int64_t cap = persistent ? static_cast<int64_t>(num_sms(device_id)) * resident_blocks<Kernel>(device_id, block)
+                                 : int64_t{0x7fffffff};
+  const int grid = static_cast<int>(std::min(needed, cap));
+  const int64_t stride = static_cast<int64_t>(grid) * groups;
   p.step_tokens = stride / p.chunks;
   p.step_chunks = static_cast<int32_t>(stride % p.chunks);
   return grid;
@@ -486,7 +499,7 @@ struct RopeKernel {
     if (n == 0) return;
     const DLDevice device = dev.value();
     constexpr auto kernel = rope_kernel<T, IdxT, ROT, NEOX, VEC>;
-    const int grid = grid_size<kernel>(G::kBlock, G::kGroups, device.device_id, p);
+    const int grid = grid_size<kernel>(G::kBlock, G::kGroups, device.device_id, p, ROPE_PERSISTENT != 0);
     LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
         static_cast<const IdxT*>(positions.data_ptr()), p);
