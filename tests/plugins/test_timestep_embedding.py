@@ -483,10 +483,13 @@ needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
-@pytest.mark.parametrize(("batch", "dim"), [(65536, 1024), (300, 4096), (5, 4800), (3, 16387)])
+@pytest.mark.parametrize(
+    ("batch", "dim"), [(65536, 1024), (300, 4096), (5, 4800), (3, 16387), (4, 8192), (2, 256)]
+)
 def test_cuda_large_shapes(dtype, batch, dim):
-    """The shapes of the benchmark, column chunks (> 256 vector groups) and the flat kernel without
-    a frequency table (odd dim > 16385)."""
+    """The shapes of the benchmark, column chunks (> 256 vector groups), the flat kernel without
+    a frequency table (odd dim > 16385) and the small-batch kernel (one column per thread, up to
+    4 rows) with and without column chunks."""
     t = torch.rand(batch, device="cuda") * 1000
     kw = {"flip_sin_to_cos": True}
     got = run("cuda", t, dim, dtype, **kw)

@@ -58,6 +58,12 @@ inline constexpr int kMaxTableColumns = 8192;  // flat kernel: per-block table o
 #ifndef TS_FREQ_AFTER_WAIT
 #define TS_FREQ_AFTER_WAIT 0
 #endif
+// Batches of at most this many rows take the rows kernel with one column per thread: each thread
+// then computes one fp64 exp before the wait instead of V (a 16-byte vector's worth), which is what
+// a single timestep's latency is made of. 0: always V columns per thread.
+#ifndef TS_SMALL_BATCH
+#define TS_SMALL_BATCH 4
+#endif
 
 // Waits for the previous kernel (PDL) where the frequencies are computed before it ...
 SGLJIT_DEVICE void wait_before_freq() {
@@ -221,6 +227,14 @@ __global__ void __launch_bounds__(kFlatBlockThreads) timestep_embedding_flat_ker
 template <typename TIn, typename TOut, int V>
 void launch(const Params& p, bool rows_kernel, DLDevice device) {
   const int sms = num_sms(device.device_id);
+  if constexpr (V > 1) {
+    if (rows_kernel && p.rows <= TS_SMALL_BATCH && p.half <= 256 * 65535) {
+      Params one = p;
+      one.groups = p.half;
+      launch<TIn, TOut, 1>(one, true, device);
+      return;
+    }
+  }
   if (rows_kernel) {
     // Column chunks of at most 256 groups (balanced), rows fill the block up to 512 threads.
     const int chunks = static_cast<int>(div_ceil(p.groups, 256));
@@ -237,7 +251,7 @@ void launch(const Params& p, bool rows_kernel, DLDevice device) {
     LaunchKernel(kernel, dim3(static_cast<unsigned>(grid_x), chunks), dim3(tx, ty), smem, device,
                  "timestep_embedding_rows_kernel")
         .pdl()(p);
-  } else {
+  } else if constexpr (V > 1) {  // (V == 1 is only the small-batch rows kernel)
     const int64_t vectors = std::max<int64_t>(1, p.rows * p.dim / V);
     const int64_t grid = std::min<int64_t>(div_ceil<int64_t>(vectors, kFlatBlockThreads), 8LL * sms);
     const size_t smem = p.use_table ? static_cast<size_t>(p.half) * sizeof(float) : 0;
