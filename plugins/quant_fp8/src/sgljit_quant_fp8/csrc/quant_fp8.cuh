@@ -66,7 +66,7 @@
 // Tuning macros (defaults are the current choice; SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=VALUE" overrides
 // them and is part of the build cache key): QUANT_FP8_ABSMAX_UNROLL, QUANT_FP8_ABSMAX_THREADS,
 // QUANT_FP8_QUANT_UNROLL, QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS, QUANT_FP8_L2_KEEP_PCT,
-// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM.
+// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM, QUANT_FP8_DYNAMIC_FINALIZE.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -99,6 +99,9 @@
 #endif
 #ifndef QUANT_FP8_QUANT_MIN_BLOCKS  // __launch_bounds__ minimum resident blocks (caps the registers)
 #define QUANT_FP8_QUANT_MIN_BLOCKS 2
+#endif
+#ifndef QUANT_FP8_DYNAMIC_FINALIZE  // dynamic, two-kernel path: 1 = absmax, finalize, static pass
+#define QUANT_FP8_DYNAMIC_FINALIZE 0   // (not yet measured; see per_tensor_finalize_kernel)
 #endif
 #ifndef QUANT_FP8_CHUNK_THREADS_PER_SM  // static: threads per SM the chunk-size choice aims at
 #define QUANT_FP8_CHUNK_THREADS_PER_SM 1024
@@ -617,10 +620,27 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
   }
 }
 
+// QUANT_FP8_DYNAMIC_FINALIZE=1: one block reduces the absmax kernel's partial maxima to the scale,
+// so the quantize pass can be the static kernel below (walking backwards) instead of a pass whose
+// every block reduces the partials itself. A candidate for the dynamic op's 2-4% gap to its target,
+// not yet measured on a GPU.
+template <typename Q>
+__global__ __launch_bounds__(256) void per_tensor_finalize_kernel(const uint32_t* __restrict__ partial,
+                                                                  int num_partial, float* __restrict__ scale) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ uint32_t red[32];
+  uint32_t m = 0;
+  for (int i = threadIdx.x; i < num_partial; i += blockDim.x) m = max(m, __ldcg(partial + i));
+  m = block_reduce_max_u32(m, red);
+  if (threadIdx.x == 0) *scale = scale_from_absmax(m, Fp8<Q>::kMax);
+}
+
 // Where a rows kernel's scale comes from.
 enum class ScaleFrom {
   kRowMax,    // per-token: each row's own absmax, stored to scales[row]
   kGiven,     // per-tensor static: scales[0], for rows that are chunks of the tensor
+  kGivenBackwards,  // the same, last row first (after an absmax pass: its tail is still in L2)
 };
 
 template <typename T>
@@ -650,7 +670,8 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   // Out-of-range lanes and rows load clamped indices (the last vector of the row, the last row):
   // duplicates do not change a max and are not stored, and unpredicated loads are all issued before
   // the first use (guarded ones were interleaved with the max and waited for each other).
-  const int64_t row = min(index, a.num_rows - 1);
+  const int64_t clamped = min(index, a.num_rows - 1);
+  const int64_t row = kFrom == ScaleFrom::kGivenBackwards ? a.num_rows - 1 - clamped : clamped;
   const int64_t row_len = row == a.num_rows - 1 ? a.last_hidden : a.hidden;
   const int nvr = int(row_len / VEC);  // rows are < 2^31 elements (checked on the host)
   const T* row_in = a.in + row * a.in_stride;
@@ -690,7 +711,7 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
     }
     s = scale_from_absmax(m, Fp8<Q>::kMax);
     if (valid && lane == 0) a.scales[row] = s;
-  } else {
+  } else {  // kGiven, kGivenBackwards
     // The row's loads are already in flight: the scale's latency overlaps them.
     s = __ldcg(a.scales);  // L2: may have been written by the kernel just before (PDL)
   }
@@ -832,12 +853,18 @@ struct QuantFp8 {
     constexpr auto quant = per_tensor_dynamic_quant_kernel<T, Q, VEC>;
     constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
     const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel());
-    const int64_t grid_q = persistent_grid<quant, kQuantThreads>(dev.device_id, nv, INT32_MAX);
     const int64_t keep_from = nv - int64_t(l2_bytes(dev.device_id)) * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere;
     LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
         .pdl()(x, ws, numel, keep_from);
-    LaunchKernel(quant, dim3(grid_q), dim3(kQuantThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")
-        .pdl()(x, o, s, ws, int(grid_a), numel);
+    if constexpr (QUANT_FP8_DYNAMIC_FINALIZE) {
+      LaunchKernel(per_tensor_finalize_kernel<Q>, dim3(1), dim3(256), 0, dev, "per_tensor_quant_fp8 (finalize)")
+          .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s);
+      per_tensor_rows<VEC, ScaleFrom::kGivenBackwards>(x, o, s, numel, dev);
+    } else {
+      const int64_t grid_q = persistent_grid<quant, kQuantThreads>(dev.device_id, nv, INT32_MAX);
+      LaunchKernel(quant, dim3(grid_q), dim3(kQuantThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")
+          .pdl()(x, o, s, ws, int(grid_a), numel);
+    }
   }
 
   template <int VEC>
@@ -944,7 +971,7 @@ struct QuantFp8 {
   // Static scale: the tensor as rows ("chunks") of 32 * N vectors, a warp each, quantized with
   // scales[0]. N (1, 4, 16) is the largest that still gives about QUANT_FP8_CHUNK_THREADS_PER_SM
   // threads per SM.
-  template <int VEC>
+  template <int VEC, ScaleFrom kFrom = ScaleFrom::kGiven>
   static void per_tensor_rows(const T* x, uint8_t* o, float* s, int64_t numel, DLDevice dev) {
     const int64_t nv = numel / VEC;
     const int64_t warps = int64_t(num_sms(dev.device_id)) * QUANT_FP8_CHUNK_THREADS_PER_SM / 32;
@@ -958,7 +985,8 @@ struct QuantFp8 {
     a.num_rows = div_ceil<int64_t>(numel, chunk);
     a.last_hidden = numel - (a.num_rows - 1) * chunk;
     a.P = 32;
-    launch_rows<VEC, ScaleFrom::kGiven>(a, N, dev, "per_tensor_quant_fp8 (static)");
+    launch_rows<VEC, kFrom>(a, N, dev,
+                            kFrom == ScaleFrom::kGiven ? "per_tensor_quant_fp8 (static)" : "per_tensor_quant_fp8 (quantize)");
   }
 
   template <int VEC, ScaleFrom kFrom>
