@@ -43,13 +43,13 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     return name, " ".join(flags), env
 
 
-def bench_command(family: str, args: list[str]) -> list[str]:
+def bench_command(family: str, args: list[str], provider: str) -> list[str]:
     return [
         sys.executable,
         str(HERE / f"bench_{family}.py"),
         *args,
         "--providers",
-        "sgljit",
+        provider,
         "--no-write",
     ]
 
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--provider", default="sgljit", help="the provider timed (default sgljit)")
     args, passthrough = ap.parse_known_args(argv)  # e.g. --dry-run, --rep: given to the benchmark
 
     common = ["--tokens", args.tokens, "--ceiling", str(args.ceiling), *passthrough]
@@ -95,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         list(
             pool.map(
                 lambda v: run(
-                    bench_command(args.family, warm), variant_env(v[1], v[2]), f"build {v[0]}"
+                    bench_command(args.family, warm, args.provider),
+                    variant_env(v[1], v[2]),
+                    f"build {v[0]}",
                 ),
                 args.variant,
             )
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 path = Path(tmp) / f"{name}.json"
                 path.unlink(missing_ok=True)
                 run(
-                    bench_command(args.family, [*common, "--json", str(path)]),
+                    bench_command(args.family, [*common, "--json", str(path)], args.provider),
                     variant_env(flags, env),
                     name,
                 )
@@ -124,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
                     row[name] = us if old is None or (us is not None and us < old) else old
                 print(f"ab: round {rnd + 1} {name} done", flush=True)
 
+    if not best:
+        raise SystemExit(
+            f"ab: no case of {args.family} was timed for provider {args.provider!r} "
+            "(check --ops, --tokens, --provider)"
+        )
     names = [v[0] for v in args.variant]
     lines = [
         f"A/B `{args.family}` ({args.rounds} round(s), best of rounds, µs; ratio to `{names[0]}`)",

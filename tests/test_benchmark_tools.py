@@ -1,0 +1,114 @@
+"""The benchmark harness's machine-readable output and the A/B driver (benchmarks/ab.py), on the CPU
+(--dry-run): what GPU sessions rely on to compare kernel variants."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import ab  # noqa: E402
+import harness  # noqa: E402
+
+
+def test_tensor_bytes_skips_tensors_every_copy_shares():
+    shared = torch.zeros(1000)
+    first = {"x": torch.zeros(10), "cache": shared, "eps": 1e-6}
+    second = {"x": torch.zeros(10), "cache": shared, "eps": 1e-6}
+    assert harness._tensor_bytes(first) == 4040
+    assert harness._tensor_bytes(second, shared_with=first) == 40
+
+
+def test_json_names_every_case_of_every_series(tmp_path):
+    out = tmp_path / "cells.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_example.py"),
+            "--dry-run",
+            "--no-write",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=BENCH,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = json.loads(out.read_text())
+    timed = [c for c in cells if c["us"] is not None]
+    assert timed, cells
+    assert all(c["family"] == "example" and c["op"] for c in cells)
+    # cases of different series share labels ("T=1"): the series is part of the case's name
+    keys = {(c["op"], c["case"], c["provider"]) for c in cells}
+    assert len(keys) == len(cells)
+    assert all(c["case"].startswith("H=") for c in cells), cells
+
+
+def test_ab_variant_parsing():
+    assert ab.parse_variant("base=") == ("base", "", {})
+    assert ab.parse_variant("v=-DA=1 -DB=2 @SGLJIT_PDL=0") == (
+        "v",
+        "-DA=1 -DB=2",
+        {"SGLJIT_PDL": "0"},
+    )
+    with pytest.raises(Exception, match="NAME=FLAGS"):
+        ab.parse_variant("no-equals")
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        ab.parse_variant("v=@BROKEN")
+
+
+@pytest.mark.slow
+def test_ab_tables_each_variant(tmp_path):
+    out = tmp_path / "ab.md"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "ab.py"),
+            "example",
+            "--tokens",
+            "1,16",
+            "--variant",
+            "base=",
+            "--variant",
+            "other=-DUNUSED=1 @SGLJIT_PDL=0",
+            "--provider",
+            "torch (out=)",
+            "--out",
+            str(out),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=BENCH,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = out.read_text()
+    assert "| op | case | base | other |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| add |")]
+    assert len(rows) >= 2 and all("failed" not in r for r in rows), table
+
+
+def test_ab_fails_loudly_when_nothing_is_timed():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "ab.py"),
+            "example",
+            "--tokens",
+            "1",
+            "--variant",
+            "base=",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=BENCH,
+    )
+    assert proc.returncode != 0
+    assert "no case of example was timed for provider 'sgljit'" in proc.stdout + proc.stderr
