@@ -407,6 +407,25 @@ def test_cuda_dynamic_modes(mode, numel):
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize(
+    # static: chunks of 32 * N vectors with N = 1, 4 (4109 x 4096 + 5) and 16 (19260817), and tails
+    "numel",
+    [1, 7, 1023, 8 * 1024 + 3, 32769, 4109 * 4096 + 5, 19260817],
+    ids=lambda n: f"n{n}",
+)
+def test_cuda_static_sizes(numel, offset):
+    # offset 1: the input starts 2 bytes into its storage, so 16-byte vectors cannot be used
+    x = _data((numel + offset,), torch.bfloat16, "cuda", seed=numel % 1000)[offset:]
+    scale = torch.tensor([0.0371], device="cuda")
+    out = _poisoned((numel,), E4M3, "cuda")
+    got, s = sgljit.ops.per_tensor_quant_fp8(x, scale, out=out)
+    assert got is out and s is scale
+    assert_fp8_equal(out, reference.quantize(x, scale, E4M3), exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("shape", [(19260817, 1), (65536, 4096)], ids=["19260817x1", "65536x4096"])
 def test_cuda_large(shape, fp8_dtype):
