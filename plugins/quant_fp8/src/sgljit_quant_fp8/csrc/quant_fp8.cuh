@@ -91,7 +91,7 @@
 #ifndef QUANT_FP8_ABSMAX_THREADS
 #define QUANT_FP8_ABSMAX_THREADS 512
 #endif
-#ifndef QUANT_FP8_QUANT_UNROLL  // vectors in flight per thread in the quantize passes (static, dynamic)
+#ifndef QUANT_FP8_QUANT_UNROLL  // vectors in flight per thread in the dynamic op's quantize pass
 #define QUANT_FP8_QUANT_UNROLL 4
 #endif
 #ifndef QUANT_FP8_QUANT_THREADS
@@ -410,7 +410,7 @@ SGLJIT_DEVICE void quant_range(const T* in, uint8_t* out, int64_t begin, int64_t
 }
 
 // ------------------------------------------------------------------------------------------------
-// Per-tensor quantize pass (static scale, and the second kernel of the dynamic op): grid-stride over
+// Per-tensor quantize pass (the second kernel of the dynamic op): grid-stride over
 // slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration so U loads are in
 // flight per thread; kReverse mirrors the vector index (v -> nv - 1 - v), so the pass starts at the
 // end of the tensor (a warp still covers 32 adjacent vectors, in descending order).
