@@ -412,10 +412,10 @@ SGLJIT_DEVICE void quant_range(const T* in, uint8_t* out, int64_t begin, int64_t
 // ------------------------------------------------------------------------------------------------
 // Per-tensor quantize pass (the second kernel of the dynamic op): grid-stride over
 // slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration so U loads are in
-// flight per thread; kReverse mirrors the vector index (v -> nv - 1 - v), so the pass starts at the
-// end of the tensor (a warp still covers 32 adjacent vectors, in descending order).
+// flight per thread; the vector index is mirrored (v -> nv - 1 - v), so the pass starts at the end
+// of the tensor (a warp still covers 32 adjacent vectors, in descending order).
 
-template <typename T, typename Q, int VEC, int U, bool kReverse, bool kFast>
+template <typename T, typename Q, int VEC, int U, bool kFast>
 SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, int64_t numel) {
   using IO = Io<T, VEC>;
   const int64_t nv = numel / VEC;
@@ -428,9 +428,9 @@ SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, i
     bool ok[U];
 #pragma unroll
     for (int k = 0; k < U; ++k) {
-      const int64_t f = (i + k) * slice + base;  // forward order; reversed: vector nv - 1 - f
+      const int64_t f = (i + k) * slice + base;  // forward order; the vector is nv - 1 - f
       ok[k] = f < nv;
-      v[k] = kReverse ? nv - 1 - f : f;
+      v[k] = nv - 1 - f;
       if (ok[k]) x[k] = IO::template load<true>(in + v[k] * VEC);
     }
 #pragma unroll
@@ -505,9 +505,9 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
   const Divider div(s);
   if (Divider::fast(s)) {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, true, true>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, true>(in, out, div, numel);
   } else {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, true, false>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, false>(in, out, div, numel);
   }
 }
 
@@ -989,42 +989,25 @@ struct QuantFp8 {
                             kFrom == ScaleFrom::kGiven ? "per_tensor_quant_fp8 (static)" : "per_tensor_quant_fp8 (quantize)");
   }
 
+  // Launches rows_kernel with N vectors per lane: per-token instantiates N = 1, 2, 4, 8, 16, the
+  // per-tensor chunks only 1, 4, 16 (compile time); N is one of them.
   template <int VEC, ScaleFrom kFrom>
   static void launch_rows(const RowsArgs<T>& a, int64_t N, DLDevice dev, const char* name) {
+    if constexpr (kFrom == ScaleFrom::kRowMax) {
+      launch_rows_n<VEC, kFrom, 1, 2, 4, 8>(a, N, dev, name);
+    } else {
+      launch_rows_n<VEC, kFrom, 1, 4>(a, N, dev, name);
+    }
+  }
+
+  // The kernel for the first of kSmallN equal to N, else for N = kTokenMaxVecs.
+  template <int VEC, ScaleFrom kFrom, int... kSmallN>
+  static void launch_rows_n(const RowsArgs<T>& a, int64_t N, DLDevice dev, const char* name) {
     const int threads = std::max(a.P, 128);
     const int64_t grid = div_ceil<int64_t>(a.num_rows, threads / a.P);
     auto launch = [&](auto kernel) { LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, name).pdl()(a); };
-    if constexpr (kFrom == ScaleFrom::kRowMax) {
-      switch (N) {
-        case 1:
-          launch(rows_kernel<T, Q, VEC, 1, kFrom>);
-          break;
-        case 2:
-          launch(rows_kernel<T, Q, VEC, 2, kFrom>);
-          break;
-        case 4:
-          launch(rows_kernel<T, Q, VEC, 4, kFrom>);
-          break;
-        case 8:
-          launch(rows_kernel<T, Q, VEC, 8, kFrom>);
-          break;
-        default:
-          launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
-          break;
-      }
-    } else {  // per-tensor: fewer instantiations (compile time)
-      switch (N) {
-        case 1:
-          launch(rows_kernel<T, Q, VEC, 1, kFrom>);
-          break;
-        case 4:
-          launch(rows_kernel<T, Q, VEC, 4, kFrom>);
-          break;
-        default:
-          launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
-          break;
-      }
-    }
+    const bool small = ((N == kSmallN && (launch(rows_kernel<T, Q, VEC, kSmallN, kFrom>), true)) || ...);
+    if (!small) launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
   }
 };
 
