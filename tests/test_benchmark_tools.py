@@ -16,6 +16,13 @@ import ab  # noqa: E402
 import harness  # noqa: E402
 
 
+def run_tool(script: str, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/<script> with args, from the benchmarks folder (as its docstrings show)."""
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, cwd=BENCH
+    )
+
+
 def test_tensor_bytes_skips_tensors_every_copy_shares():
     shared = torch.zeros(1000)
     first = {"x": torch.zeros(10), "cache": shared, "eps": 1e-6}
@@ -26,19 +33,7 @@ def test_tensor_bytes_skips_tensors_every_copy_shares():
 
 def test_json_names_every_case_of_every_series(tmp_path):
     out = tmp_path / "cells.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "bench_example.py"),
-            "--dry-run",
-            "--no-write",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=BENCH,
-    )
+    proc = run_tool("bench_example.py", "--dry-run", "--no-write", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cells = json.loads(out.read_text())
     timed = [c for c in cells if c["us"] is not None]
@@ -66,26 +61,20 @@ def test_ab_variant_parsing():
 @pytest.mark.slow
 def test_ab_tables_each_variant(tmp_path):
     out = tmp_path / "ab.md"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "ab.py"),
-            "example",
-            "--tokens",
-            "1,16",
-            "--variant",
-            "base=",
-            "--variant",
-            "other=-DUNUSED=1 @SGLJIT_PDL=0",
-            "--provider",
-            "torch (out=)",
-            "--out",
-            str(out),
-            "--dry-run",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=BENCH,
+    proc = run_tool(
+        "ab.py",
+        "example",
+        "--tokens",
+        "1,16",
+        "--variant",
+        "base=",
+        "--variant",
+        "other=-DUNUSED=1 @SGLJIT_PDL=0",
+        "--provider",
+        "torch (out=)",
+        "--out",
+        str(out),
+        "--dry-run",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = out.read_text()
@@ -95,20 +84,6 @@ def test_ab_tables_each_variant(tmp_path):
 
 
 def test_ab_fails_loudly_when_nothing_is_timed():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH / "ab.py"),
-            "example",
-            "--tokens",
-            "1",
-            "--variant",
-            "base=",
-            "--dry-run",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=BENCH,
-    )
+    proc = run_tool("ab.py", "example", "--tokens", "1", "--variant", "base=", "--dry-run")
     assert proc.returncode != 0
     assert "no case of example was timed for provider 'sgljit'" in proc.stdout + proc.stderr
