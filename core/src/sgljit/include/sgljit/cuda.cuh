@@ -91,6 +91,16 @@ SGLJIT_DEVICE void pdl_launch_dependents() {
 #endif
 }
 
+// Starts fetching the 128-byte line holding `ptr` into L2, returning nothing to the thread. Safe
+// before pdl_wait(), even for data the previous kernel writes: L2 is the GPU's point of coherence,
+// so those writes still land in the line, and the data itself is only read after the wait. Blocks
+// scheduled early by PDL use it to move their first DRAM round trip under the previous kernel's tail.
+SGLJIT_DEVICE void prefetch_l2(const void* ptr) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+#endif
+}
+
 // Whether kernels that call pdl_wait() are launched with PDL on `device_id`: compute capability 9.0 or
 // newer, unless SGLJIT_PDL=0 (read once per process).
 inline bool pdl_enabled(int device_id) {
