@@ -389,6 +389,14 @@ def test_cuda_many_rows(backend_env_cuda):
     ops.fused_add_rmsnorm(a, r, w)
     torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
     _close(a, _oracle(total, w, 1e-6), BF16, "fused_add_rmsnorm 70001x1024")
+    # From 16384 rows of 4096 the fused add takes its wide row groups (NORM_FUSED_WIDE_MIN_ROWS).
+    w = _randn((4096,), BF16, "cuda", 23)
+    a = _randn((16411, 4096), BF16, "cuda", 24)
+    r = _randn((16411, 4096), BF16, "cuda", 25)
+    total = (a.double() + r.double()).to(BF16)
+    ops.fused_add_rmsnorm(a, r, w)
+    torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
+    _close(a, _oracle(total, w, 1e-6), BF16, "fused_add_rmsnorm 16411x4096")
 
 
 @pytest.fixture

@@ -17,7 +17,14 @@
 //    (st.global.cs) for the fused add, which writes two rows per row: there they measured 2-6% faster
 //    (65536x4096: 530.1 vs 545.7 us), for rmsnorm 0.7% slower (NORM_STORE);
 //  * launched with programmatic dependent launch: the block waits for the previous kernel before its
-//    first access, and the launch latency overlaps that kernel's tail.
+//    first access, and the launch latency overlaps that kernel's tail. In grids of up to one block
+//    per SM (small T) the blocks prefetch their rows and the weight into L2 before waiting, so the
+//    first DRAM round trip overlaps that tail too (NORM_PREFETCH_L2; safe for data the previous kernel
+//    writes, see sgljit::prefetch_l2);
+//  * the fused add over many rows of 4096 (bf16) takes 128-thread row groups of 4 vectors per stream
+//    instead of 256 of 2 (NORM_FUSED_WIDE_*): 65536x4096 and 16384x4096 measured 2% faster (even
+//    with 8 bytes spilled under the 64-register budget; 80 registers gained nothing); at 1024 rows
+//    and below 6-40% slower, and for wider rows (256 -> 512 threads) no faster.
 // A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
 // rest on set b, each share sized by its number of rows.
 //
@@ -77,19 +84,38 @@ inline constexpr int kMaxVecsPerRow = 4096;
 #ifndef NORM_WEIGHT_IN_REGS  // 0: read the weight (an L1 hit) after the reduction, to save registers
 #define NORM_WEIGHT_IN_REGS 1
 #endif
+#ifndef NORM_PREFETCH_L2  // 1: blocks of small grids prefetch their rows into L2 before the PDL wait
+#define NORM_PREFETCH_L2 1
+#endif
+#ifndef NORM_PREFETCH_BLOCKS_PER_SM  // "small": at most this many blocks per SM
+#define NORM_PREFETCH_BLOCKS_PER_SM 1
+#endif
+#ifndef NORM_FUSED_WIDE_MIN_ROWS  // fused add from this many rows: NORM_FUSED_WIDE_VECS vectors per thread
+#define NORM_FUSED_WIDE_MIN_ROWS 16384  // (0x7fffffff: never)
+#endif
+#ifndef NORM_FUSED_WIDE_VECS
+#define NORM_FUSED_WIDE_VECS 4
+#endif
+#ifndef NORM_FUSED_WIDE_THREADS_PER_SM  // the wide fused add's register budget (1024: 64 registers)
+#define NORM_FUSED_WIDE_THREADS_PER_SM 1024
+#endif
 #ifndef NORM_MIN_BLOCK  // threads of the smallest block: several row groups share a block below it
 #define NORM_MIN_BLOCK 128
 #endif
 inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
 
-// How a row of kH elements of T is spread over threads. kStreams: rows read per row (2 for the fused
-// add: input and residual), which halves the vectors a thread holds.
-template <typename T, int kH, int kStreams = 1>
+// 16-byte vectors per thread and stream a row aims at: the fused add reads two rows (input and
+// residual) per row, so it holds half as many of each, unless `kWide` (large T, see launch_norm).
+template <bool kFused, bool kWide = false>
+inline constexpr int kVecTarget =
+    !kFused ? NORM_VECS_PER_THREAD : kWide ? NORM_FUSED_WIDE_VECS : std::max(1, NORM_VECS_PER_THREAD / 2);
+
+// How a row of kH elements of T is spread over threads holding about kTarget vectors each.
+template <typename T, int kH, int kTarget>
 struct RowConfig {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
   static constexpr int kNumVec = kH / kVec;                        // vectors per row
   static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= kMaxVecsPerRow;
-  static constexpr int kTarget = std::max(1, NORM_VECS_PER_THREAD / kStreams);  // vectors per thread
   // Up to 32 * kTarget vectors: a power-of-two sub-warp, reduced with shuffles only.
   // Beyond: a power-of-two multi-warp group of 64..1024 threads.
   static constexpr int kThreads =
@@ -100,16 +126,16 @@ struct RowConfig {
   // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
   // memory round trip); wider rows (only where 1024 threads are not enough) read the weight from L1
   // after the reduction, to stay within the register budget without spilling.
-  static constexpr bool kWeightInRegs = NORM_WEIGHT_IN_REGS && kVecsPerThread <= std::max(kTarget, 4 / kStreams);
+  static constexpr bool kWeightInRegs = NORM_WEIGHT_IN_REGS && kVecsPerThread <= kTarget;
   // Persistent blocks prefetch their next row into registers while finishing the current one.
   static constexpr bool kPrefetch = kPersistent && kWeightInRegs;
 };
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
 // few rows over many SMs (latency at small T); at large T an SM holds 8+ of them.
-template <typename T, int kHA, int kHB, int kStreams>
-inline constexpr int kBlockThreads = std::max({NORM_MIN_BLOCK, RowConfig<T, kHA, kStreams>::kThreads,
-                                               kHB > 0 ? RowConfig<T, kHB, kStreams>::kThreads : 1});
+template <typename T, int kHA, int kHB, int kTarget>
+inline constexpr int kBlockThreads = std::max({NORM_MIN_BLOCK, RowConfig<T, kHA, kTarget>::kThreads,
+                                               kHB > 0 ? RowConfig<T, kHB, kTarget>::kThreads : 1});
 
 inline constexpr int kGenericThreads = 256;
 
@@ -188,9 +214,9 @@ SGLJIT_DEVICE float group_sum(float v, float* red) {
 // ------------------------------------------------------------------------------------------------
 // Fast path
 // ------------------------------------------------------------------------------------------------
-template <typename T, int kH, int kBlock, bool kGemma, bool kFused>
+template <typename T, int kH, int kTarget, int kBlock, bool kGemma, bool kFused>
 SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, float eps, float* red) {
-  using Cfg = RowConfig<T, kH, kFused ? 2 : 1>;
+  using Cfg = RowConfig<T, kH, kTarget>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
   constexpr bool kPrefetch = Cfg::kPrefetch, kWeightInRegs = Cfg::kWeightInRegs;
@@ -313,17 +339,45 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
   }
 }
 
-template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB>
-__global__ void __launch_bounds__(kBlock, std::max(1, (kHB > 0 ? NORM_THREADS_PER_SM * 3 / 4 : NORM_THREADS_PER_SM) / kBlock))
-    norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps) {
+// Prefetches into L2 the row(s) that row group `g` of set s works on first (and the weight).
+template <typename T, int kH, int kTarget, int kBlock, bool kFused>
+SGLJIT_DEVICE void prefetch_rows(const RowSet<T>& s, int64_t g) {
+  using Cfg = RowConfig<T, kH, kTarget>;
+  constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads;
+  const int lane = threadIdx.x % kTPR;
+  const int64_t row = g * (kBlock / kTPR) + threadIdx.x / kTPR;
+  if (row >= s.rows) return;
+  const RowOffsets o = row_offsets(s, row);
+#pragma unroll
+  for (int j = 0; j < Cfg::kVecsPerThread; ++j) {
+    const int v = j * kTPR + lane;
+    if (kNumVec % kTPR == 0 || v < kNumVec) {
+      sgljit::prefetch_l2(s.in + o.in + v * kVec);
+      if constexpr (kFused) sgljit::prefetch_l2(s.res + o.res + v * kVec);
+      sgljit::prefetch_l2(s.weight + v * kVec);
+    }
+  }
+}
+
+// kThreadsPerSM: the resident threads per SM the register budget is sized for.
+template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB, int kTarget, int kThreadsPerSM>
+__global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
+    norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps, const int prefetch_blocks) {
   __shared__ float red[2 * (kBlock / 32)];
+  if (NORM_PREFETCH_L2 && static_cast<int>(blockIdx.x) < prefetch_blocks) {
+    if (static_cast<int>(blockIdx.x) < grid_a) {
+      prefetch_rows<T, kHA, kTarget, kBlock, kFused>(a, blockIdx.x);
+    } else if constexpr (kHB > 0) {
+      prefetch_rows<T, kHB, kTarget, kBlock, kFused>(b, blockIdx.x - grid_a);
+    }
+  }
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows<T, kHA, kBlock, kGemma, kFused>(a, blockIdx.x, grid_a, eps, red);
+    norm_rows<T, kHA, kTarget, kBlock, kGemma, kFused>(a, blockIdx.x, grid_a, eps, red);
   } else {
     if constexpr (kHB > 0) {
-      norm_rows<T, kHB, kBlock, kGemma, kFused>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
+      norm_rows<T, kHB, kTarget, kBlock, kGemma, kFused>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
     }
   }
 }
@@ -400,6 +454,29 @@ inline void split_grid(int64_t ga, int64_t gb, int64_t cap, int* grid_a, int* gr
   *grid = static_cast<int>(a + b);
 }
 
+// The fast kernel over sets a and b (row groups of kTarget vectors per thread).
+template <typename T, int kHA, int kHB, bool kGemma, bool kFused, int kTarget, int kThreadsPerSM>
+void launch_fast(const RowSet<T>& a, const RowSet<T>& b, bool has_b, float eps, DLDevice device, const char* name) {
+  constexpr int kBlock = kBlockThreads<T, kHA, kHB, kTarget>;
+  constexpr auto kernel = norm_kernel<T, kBlock, kGemma, kFused, kHA, kHB, kTarget, kThreadsPerSM>;
+  const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / RowConfig<T, kHA, kTarget>::kThreads);
+  int64_t gb = 0;
+  if constexpr (kHB > 0) {
+    if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kTarget>::kThreads);
+  }
+  // Not persistent: a block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
+  const int sms = sgljit::num_sms(device.device_id);
+  const int64_t cap = kPersistent ? int64_t{sms} * sgljit::resident_blocks<kernel>(device.device_id, kBlock)
+                                  : int64_t{0x7fffffff};
+  int grid_a = 0, grid = 0;
+  split_grid(ga, gb, cap, &grid_a, &grid);
+  // The prefetch before the PDL wait measured 6-42% faster for grids of up to one block per SM
+  // (1-128 rows of 4096) and up to 54% slower with every block of 1024 rows prefetching (the whole
+  // input's prefetches compete with the previous kernel's loads): only small grids use it.
+  const int prefetch_blocks = grid <= int64_t{sms} * NORM_PREFETCH_BLOCKS_PER_SM ? grid : 0;
+  sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps, prefetch_blocks);
+}
+
 // Launches the norm over set a (width ha) and, if has_b, set b (width hb). kHA/kHB: the compiled widths
 // (0: generic only). Falls back to the generic kernel when a row is not 16-byte aligned.
 template <typename T, int kHA, int kHB, bool kGemma, bool kFused>
@@ -408,21 +485,20 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
   const bool fast = kHA > 0 && (!has_b || kHB > 0) && fast_layout(a, kFused) && (!has_b || fast_layout(b, kFused));
   if constexpr (kHA > 0) {
     if (fast) {
-      constexpr int kStreams = kFused ? 2 : 1;
-      constexpr int kBlock = kBlockThreads<T, kHA, kHB, kStreams>;
-      constexpr auto kernel = norm_kernel<T, kBlock, kGemma, kFused, kHA, kHB>;
-      const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / RowConfig<T, kHA, kStreams>::kThreads);
-      int64_t gb = 0;
-      if constexpr (kHB > 0) {
-        if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kStreams>::kThreads);
+      constexpr int kThreadsPerSM = kHB > 0 ? NORM_THREADS_PER_SM * 3 / 4 : NORM_THREADS_PER_SM;
+      using Wide = RowConfig<T, kHA, kVecTarget<true, true>>;
+      using Narrow = RowConfig<T, kHA, kVecTarget<true>>;
+      if constexpr (kFused && kHB == 0 && NORM_FUSED_WIDE_MIN_ROWS < 0x7fffffff && Wide::kWeightInRegs &&
+                    Wide::kThreads == 128 && Narrow::kThreads > 128) {
+        // Many rows: a row group of 128 threads (as rmsnorm's best) with more vectors each, not 256;
+        // measured faster at 65536x4096, slower for wider rows (256 -> 512 threads).
+        if (a.rows >= NORM_FUSED_WIDE_MIN_ROWS) {
+          launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<true, true>, NORM_FUSED_WIDE_THREADS_PER_SM>(
+              a, b, has_b, eps, device, name);
+          return;
+        }
       }
-      // Not persistent: a block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
-      const int64_t cap = kPersistent ? int64_t{sgljit::num_sms(device.device_id)} *
-                                            sgljit::resident_blocks<kernel>(device.device_id, kBlock)
-                                      : int64_t{0x7fffffff};
-      int grid_a = 0, grid = 0;
-      split_grid(ga, gb, cap, &grid_a, &grid);
-      sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps);
+      launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<kFused>, kThreadsPerSM>(a, b, has_b, eps, device, name);
       return;
     }
   }
