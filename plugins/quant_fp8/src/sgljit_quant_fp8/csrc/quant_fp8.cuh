@@ -31,8 +31,9 @@
 //      stream, so it should run at read bandwidth. bf16/fp16 are reduced packed (|x| by masking the
 //      sign bits, then max.NaN on x2 pairs: exact, NaN-propagating, 1 instruction per 2 elements).
 //      Slices before the last QUANT_FP8_L2_KEEP_PCT % of L2 are loaded evict-first, the tail with
-//      normal priority so it is still in L2 when the quantize pass starts. On the H200 keeping 45%
-//      was 5% slower than keeping none (evict-first everywhere), so the default is 0. Each block writes its
+//      normal priority so it is still in L2 when the quantize pass starts; only for tensors of up to
+//      QUANT_FP8_L2_KEEP_MAX_L2S times the L2 size. On the H200 keeping 45% was 5% faster for 64 MB
+//      (8192x4096 bf16), 1% for 128 MB and 5% slower for 512 MB. Each block writes its
 //      maximum to workspace[block]: no zeroing, no atomics, no inter-block race.
 //   2. quantize: every block reduces the (few hundred) partial maxima itself, computes the scale
 //      (block 0 stores it), then walks the tensor BACKWARDS (vector v -> nv - 1 - v), so the tail the
@@ -100,14 +101,20 @@
 #ifndef QUANT_FP8_QUANT_MIN_BLOCKS  // __launch_bounds__ minimum resident blocks (caps the registers)
 #define QUANT_FP8_QUANT_MIN_BLOCKS 2
 #endif
+#ifndef QUANT_FP8_PREFETCH_L2  // small grids/tensors: prefetch the first loads into L2 before the PDL wait
+#define QUANT_FP8_PREFETCH_L2 1
+#endif
 #ifndef QUANT_FP8_DYNAMIC_FINALIZE  // dynamic, two-kernel path: 1 = absmax, finalize, static pass
-#define QUANT_FP8_DYNAMIC_FINALIZE 0   // (not yet measured; see per_tensor_finalize_kernel)
+#define QUANT_FP8_DYNAMIC_FINALIZE 0   // (measured: see per_tensor_finalize_kernel)
 #endif
 #ifndef QUANT_FP8_CHUNK_THREADS_PER_SM  // static: threads per SM the chunk-size choice aims at
 #define QUANT_FP8_CHUNK_THREADS_PER_SM 1024
 #endif
 #ifndef QUANT_FP8_L2_KEEP_PCT  // the absmax pass's tail kept in L2 for the quantize pass, % of L2
-#define QUANT_FP8_L2_KEEP_PCT 0  // 45 measured 337.5 us vs 320.1 at 65536x4096 (H200)
+#define QUANT_FP8_L2_KEEP_PCT 45
+#endif
+#ifndef QUANT_FP8_L2_KEEP_MAX_L2S  // ... for tensors of at most this many times the L2 size
+#define QUANT_FP8_L2_KEEP_MAX_L2S 4
 #endif
 #ifndef QUANT_FP8_ONE_ROW_BYTES  // dynamic per-tensor (auto): inputs up to this size take one launch
 #define QUANT_FP8_ONE_ROW_BYTES 65536
@@ -450,15 +457,23 @@ SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, i
 // are loaded with normal L2 priority (kept for the quantize pass), the others evict-first.
 template <typename T, int VEC>
 __global__ __launch_bounds__(QUANT_FP8_ABSMAX_THREADS) void per_tensor_absmax_kernel(
-    const T* __restrict__ in, uint32_t* __restrict__ partial, int64_t numel, int64_t keep_from) {
+    const T* __restrict__ in, uint32_t* __restrict__ partial, int64_t numel, int64_t keep_from, bool prefetch) {
   constexpr int U = QUANT_FP8_ABSMAX_UNROLL;
   using IO = Io<T, VEC>;
-  pdl_wait();
-  pdl_launch_dependents();
-  __shared__ uint32_t red[32];
   const int64_t nv = numel / VEC;
   const int64_t slice = int64_t(gridDim.x) * blockDim.x;
   const int64_t base = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (prefetch) {
+    // The grid is resident at once: the first round of loads starts under the previous kernel's
+    // tail (see sgljit::prefetch_l2).
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      if (k * slice + base < nv) prefetch_l2(in + (k * slice + base) * VEC);
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ uint32_t red[32];
   const int64_t num_slices = div_ceil<int64_t>(nv, slice);
   AbsMax<T, VEC> acc;
   for (int64_t i = 0; i < num_slices; i += U) {
@@ -622,8 +637,8 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
 
 // QUANT_FP8_DYNAMIC_FINALIZE=1: one block reduces the absmax kernel's partial maxima to the scale,
 // so the quantize pass can be the static kernel below (walking backwards) instead of a pass whose
-// every block reduces the partials itself. A candidate for the dynamic op's 2-4% gap to its target,
-// not yet measured on a GPU.
+// every block reduces the partials itself. Measured on the H200 (with the L2 tail kept, against
+// without): 1-3% faster for 64-128 MB, 2% slower for 512 MB, 32% slower for 8 MB (a third launch).
 template <typename Q>
 __global__ __launch_bounds__(256) void per_tensor_finalize_kernel(const uint32_t* __restrict__ partial,
                                                                   int num_partial, float* __restrict__ scale) {
@@ -654,13 +669,12 @@ struct RowsArgs {
   int64_t hidden;       // elements of every row but the last
   int64_t last_hidden;  // elements of the last row (per-tensor: the rest of the tensor)
   int P;  // lanes per row
+  bool prefetch;  // prefetch the row's first loads into L2 before the PDL wait
 };
 
 template <typename T, typename Q, int VEC, int N, ScaleFrom kFrom>
 __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArgs<T> a) {
   using IO = Io<T, VEC>;
-  pdl_wait();
-  pdl_launch_dependents();
   __shared__ uint32_t red[32];
   const int P = a.P;
   const int rows_per_block = blockDim.x / P;
@@ -675,6 +689,12 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   const int64_t row_len = row == a.num_rows - 1 ? a.last_hidden : a.hidden;
   const int nvr = int(row_len / VEC);  // rows are < 2^31 elements (checked on the host)
   const T* row_in = a.in + row * a.in_stride;
+  if (a.prefetch && nvr > 0) {  // (see sgljit::prefetch_l2)
+#pragma unroll
+    for (int k = 0; k < N; ++k) prefetch_l2(row_in + min(lane + k * P, nvr - 1) * VEC);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
 
   typename IO::V x[N];
   if (nvr > 0) {
@@ -847,15 +867,21 @@ struct QuantFp8 {
       fused_launch<VEC>(x, o, s, ws, workspace.numel(), numel, dev);
       return;
     }
-    // Two kernels (auto and mode 2). The absmax pass reads the last QUANT_FP8_L2_KEEP_PCT % of L2
-    // with normal priority; the quantize pass re-reads that tail first.
+    // Two kernels (auto and mode 2). For tensors up to QUANT_FP8_L2_KEEP_MAX_L2S times L2, the absmax
+    // pass reads the last QUANT_FP8_L2_KEEP_PCT % of L2 with normal priority; the quantize pass
+    // re-reads that tail first.
     constexpr auto absmax = per_tensor_absmax_kernel<T, VEC>;
     constexpr auto quant = per_tensor_dynamic_quant_kernel<T, Q, VEC>;
     constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
     const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel());
-    const int64_t keep_from = nv - int64_t(l2_bytes(dev.device_id)) * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere;
+    const int64_t l2 = l2_bytes(dev.device_id);
+    const int64_t keep_from =
+        numel * int64_t(sizeof(T)) <= l2 * QUANT_FP8_L2_KEEP_MAX_L2S ? nv - l2 * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere
+                                                                   : nv;
+    // The prefetch measured 7.5% faster for 8 MB (1024x4096 bf16), 1-4% slower from 128 MB.
+    const bool prefetch = QUANT_FP8_PREFETCH_L2 && numel * int64_t(sizeof(T)) <= l2 / 2;
     LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
-        .pdl()(x, ws, numel, keep_from);
+        .pdl()(x, ws, numel, keep_from, prefetch);
     if constexpr (QUANT_FP8_DYNAMIC_FINALIZE) {
       LaunchKernel(per_tensor_finalize_kernel<Q>, dim3(1), dim3(256), 0, dev, "per_tensor_quant_fp8 (finalize)")
           .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s);
@@ -1005,7 +1031,10 @@ struct QuantFp8 {
   static void launch_rows_n(const RowsArgs<T>& a, int64_t N, DLDevice dev, const char* name) {
     const int threads = std::max(a.P, 128);
     const int64_t grid = div_ceil<int64_t>(a.num_rows, threads / a.P);
-    auto launch = [&](auto kernel) { LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, name).pdl()(a); };
+    RowsArgs<T> args = a;
+    // As in the norm kernels: a prefetch before the PDL wait pays for grids of up to one block per SM.
+    args.prefetch = QUANT_FP8_PREFETCH_L2 && grid <= num_sms(dev.device_id);
+    auto launch = [&](auto kernel) { LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, name).pdl()(args); };
     const bool small = ((N == kSmallN && (launch(rows_kernel<T, Q, VEC, kSmallN, kFrom>), true)) || ...);
     if (!small) launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
   }
