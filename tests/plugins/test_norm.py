@@ -382,21 +382,16 @@ def test_cuda_many_rows(backend_env_cuda):
     out = _poison(x.shape, BF16, "cuda")
     ops.rmsnorm(x, w8, out=out)
     _close(out, _oracle(x, w8, 1e-6), BF16, "rmsnorm 300007x8")
-    w = _randn((1024,), BF16, "cuda", 20)
-    a = _randn((70001, 1024), BF16, "cuda", 21)
-    r = _randn((70001, 1024), BF16, "cuda", 22)
-    total = (a.double() + r.double()).to(BF16)
-    ops.fused_add_rmsnorm(a, r, w)
-    torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
-    _close(a, _oracle(total, w, 1e-6), BF16, "fused_add_rmsnorm 70001x1024")
-    # From 16384 rows of 4096 the fused add takes its wide row groups (NORM_FUSED_WIDE_MIN_ROWS).
-    w = _randn((4096,), BF16, "cuda", 23)
-    a = _randn((16411, 4096), BF16, "cuda", 24)
-    r = _randn((16411, 4096), BF16, "cuda", 25)
-    total = (a.double() + r.double()).to(BF16)
-    ops.fused_add_rmsnorm(a, r, w)
-    torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
-    _close(a, _oracle(total, w, 1e-6), BF16, "fused_add_rmsnorm 16411x4096")
+    # 16411x4096: from 16384 rows of 4096 the fused add takes its wide row groups
+    # (NORM_FUSED_WIDE_MIN_ROWS).
+    for rows, width, seed in ((70001, 1024, 20), (16411, 4096, 23)):
+        w = _randn((width,), BF16, "cuda", seed)
+        a = _randn((rows, width), BF16, "cuda", seed + 1)
+        r = _randn((rows, width), BF16, "cuda", seed + 2)
+        total = (a.double() + r.double()).to(BF16)
+        ops.fused_add_rmsnorm(a, r, w)
+        torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
+        _close(a, _oracle(total, w, 1e-6), BF16, f"fused_add_rmsnorm {rows}x{width}")
 
 
 @pytest.fixture
