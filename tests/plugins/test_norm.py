@@ -382,12 +382,15 @@ def test_cuda_many_rows(backend_env_cuda):
     out = _poison(x.shape, BF16, "cuda")
     ops.rmsnorm(x, w8, out=out)
     _close(out, _oracle(x, w8, 1e-6), BF16, "rmsnorm 300007x8")
-    # 16411x4096: from 16384 rows of 4096 the fused add takes its wide row groups
-    # (NORM_FUSED_WIDE_MIN_ROWS).
+    # 16411x4096: from 16384 rows of 4096 rmsnorm and the fused add take their many-rows row
+    # groups (NORM_MANY_ROWS).
     for rows, width, seed in ((70001, 1024, 20), (16411, 4096, 23)):
         w = _randn((width,), BF16, "cuda", seed)
         a = _randn((rows, width), BF16, "cuda", seed + 1)
         r = _randn((rows, width), BF16, "cuda", seed + 2)
+        out = _poison((rows, width), BF16, "cuda")
+        ops.rmsnorm(a, w, out=out)
+        _close(out, _oracle(a, w, 1e-6), BF16, f"rmsnorm {rows}x{width}")
         total = (a.double() + r.double()).to(BF16)
         ops.fused_add_rmsnorm(a, r, w)
         torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)

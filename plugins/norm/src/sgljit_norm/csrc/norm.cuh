@@ -21,10 +21,15 @@
 //    per SM (small T) the blocks prefetch their rows and the weight into L2 before waiting, so the
 //    first DRAM round trip overlaps that tail too (NORM_PREFETCH_L2; safe for data the previous kernel
 //    writes, see sgljit::prefetch_l2);
-//  * the fused add over many rows of 4096 (bf16) takes 128-thread row groups of 4 vectors per stream
-//    instead of 256 of 2 (NORM_FUSED_WIDE_*): 65536x4096 and 16384x4096 measured 2% faster (even
-//    with 8 bytes spilled under the 64-register budget; 80 registers gained nothing); at 1024 rows
-//    and below 6-40% slower, and for wider rows (256 -> 512 threads) no faster.
+//  * many rows (NORM_MANY_ROWS, 16384) of 4096 16-bit elements (512 vectors) take their own row
+//    groups (NORM_MANY_*), each measured on the H200 against the default there:
+//      - the fused add (also for rows of 257-511 vectors): 128 threads of 4 vectors per stream instead of 256 of 2: 65536x4096 and
+//        16384x4096 2% faster (even with 8 bytes spilled under the 64-register budget; 80 registers
+//        gained nothing); at 1024 rows and below 6-40% slower, for wider rows no faster;
+//      - rmsnorm: 256 threads of 2 vectors instead of 128 of 4, under a 1536-thread register budget
+//        (6 rows in flight per SM instead of 8): 65536x4096 257.6 -> 254.7 us, 16384x4096 65.6 ->
+//        65.0 (a plain copy of those bytes, torch.mul, takes 252.0 and 64.7); equal at 128-4096
+//        rows; with a 1024-thread budget (4 rows in flight) 16% slower, for wider rows 3-47% slower.
 // A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
 // rest on set b, each share sized by its number of rows.
 //
@@ -90,14 +95,20 @@ inline constexpr int kMaxVecsPerRow = 4096;
 #ifndef NORM_PREFETCH_BLOCKS_PER_SM  // "small": at most this many blocks per SM
 #define NORM_PREFETCH_BLOCKS_PER_SM 1
 #endif
-#ifndef NORM_FUSED_WIDE_MIN_ROWS  // fused add from this many rows: NORM_FUSED_WIDE_VECS vectors per thread
-#define NORM_FUSED_WIDE_MIN_ROWS 16384  // (0x7fffffff: never)
+#ifndef NORM_MANY_ROWS  // from this many rows (of 512 vectors), the NORM_MANY_* row groups (0x7fffffff: never)
+#define NORM_MANY_ROWS 16384
 #endif
-#ifndef NORM_FUSED_WIDE_VECS
-#define NORM_FUSED_WIDE_VECS 4
+#ifndef NORM_MANY_FUSED_VECS  // the fused add's vectors per thread and stream there
+#define NORM_MANY_FUSED_VECS 4
 #endif
-#ifndef NORM_FUSED_WIDE_THREADS_PER_SM  // the wide fused add's register budget (1024: 64 registers)
-#define NORM_FUSED_WIDE_THREADS_PER_SM 1024
+#ifndef NORM_MANY_FUSED_THREADS_PER_SM  // ... and its register budget (1024: 64 registers)
+#define NORM_MANY_FUSED_THREADS_PER_SM 1024
+#endif
+#ifndef NORM_MANY_PLAIN_VECS  // rmsnorm's vectors per thread there
+#define NORM_MANY_PLAIN_VECS 2
+#endif
+#ifndef NORM_MANY_PLAIN_THREADS_PER_SM  // ... and its register budget (1536: 40 registers)
+#define NORM_MANY_PLAIN_THREADS_PER_SM 1536
 #endif
 #ifndef NORM_MIN_BLOCK  // threads of the smallest block: several row groups share a block below it
 #define NORM_MIN_BLOCK 128
@@ -105,10 +116,11 @@ inline constexpr int kMaxVecsPerRow = 4096;
 inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
 
 // 16-byte vectors per thread and stream a row aims at: the fused add reads two rows (input and
-// residual) per row, so it holds half as many of each, unless `kWide` (large T, see launch_norm).
-template <bool kFused, bool kWide = false>
-inline constexpr int kVecTarget =
-    !kFused ? NORM_VECS_PER_THREAD : kWide ? NORM_FUSED_WIDE_VECS : std::max(1, NORM_VECS_PER_THREAD / 2);
+// residual) per row, so it holds half as many of each; `kMany`: the many-rows configs (see launch_norm).
+template <bool kFused, bool kMany = false>
+inline constexpr int kVecTarget = kMany ? (kFused ? NORM_MANY_FUSED_VECS : NORM_MANY_PLAIN_VECS)
+                                  : kFused ? std::max(1, NORM_VECS_PER_THREAD / 2)
+                                           : NORM_VECS_PER_THREAD;
 
 // How a row of kH elements of T is spread over threads holding about kTarget vectors each.
 template <typename T, int kH, int kTarget>
@@ -486,15 +498,16 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
   if constexpr (kHA > 0) {
     if (fast) {
       constexpr int kThreadsPerSM = kHB > 0 ? NORM_THREADS_PER_SM * 3 / 4 : NORM_THREADS_PER_SM;
-      using Wide = RowConfig<T, kHA, kVecTarget<true, true>>;
-      using Narrow = RowConfig<T, kHA, kVecTarget<true>>;
-      if constexpr (kFused && kHB == 0 && NORM_FUSED_WIDE_MIN_ROWS < 0x7fffffff && Wide::kWeightInRegs &&
-                    Wide::kThreads == 128 && Narrow::kThreads > 128) {
-        // Many rows: a row group of 128 threads (as rmsnorm's best) with more vectors each, not 256;
-        // measured faster at 65536x4096, slower for wider rows (256 -> 512 threads).
-        if (a.rows >= NORM_FUSED_WIDE_MIN_ROWS) {
-          launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<true, true>, NORM_FUSED_WIDE_THREADS_PER_SM>(
-              a, b, has_b, eps, device, name);
+      // Many rows of the widths the many-rows row groups were measured faster for (see the top of
+      // this file): the fused add 257-512 vectors, rmsnorm 512.
+      constexpr int kManyThreadsPerSM = kFused ? NORM_MANY_FUSED_THREADS_PER_SM : NORM_MANY_PLAIN_THREADS_PER_SM;
+      constexpr int kNumVec = RowConfig<T, kHA, 1>::kNumVec;
+      constexpr bool kManyWidth = kFused ? kNumVec > 256 && kNumVec <= 512 : kNumVec == 512;
+      using Many = RowConfig<T, kHA, kVecTarget<kFused, true>>;
+      if constexpr (kHB == 0 && NORM_MANY_ROWS < 0x7fffffff && kManyWidth && Many::kWeightInRegs) {
+        if (a.rows >= NORM_MANY_ROWS) {
+          launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<kFused, true>, kManyThreadsPerSM>(a, b, has_b, eps,
+                                                                                               device, name);
           return;
         }
       }
