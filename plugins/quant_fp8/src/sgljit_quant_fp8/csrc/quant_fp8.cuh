@@ -108,7 +108,7 @@
 #define QUANT_FP8_DYNAMIC_FINALIZE 0   // (measured: see per_tensor_finalize_kernel)
 #endif
 #ifndef QUANT_FP8_CHUNK_THREADS_PER_SM  // static: threads per SM the chunk-size choice aims at
-#define QUANT_FP8_CHUNK_THREADS_PER_SM 1024
+#define QUANT_FP8_CHUNK_THREADS_PER_SM 512  // (1024x4096 bf16: 4 vectors a lane, 5.59 -> 5.28 us vs 1024)
 #endif
 #ifndef QUANT_FP8_L2_KEEP_PCT  // the absmax pass's tail kept in L2 for the quantize pass, % of L2
 #define QUANT_FP8_L2_KEEP_PCT 45
