@@ -363,6 +363,62 @@ def bench_plugin_ops(rep: Report, calls: int, sync) -> None:
             )
         except Exception as e:
             rep.error(f"host: sgljit.ops.{name}", e)
+    if "rmsnorm" in available:
+        bench_rmsnorm_parts(rep, calls, sync)
+
+
+# The module function of rmsnorm alone (no Python validation, no kernel_op dispatch), timed in a
+# fresh process so SGLJIT_PDL (read once per module) takes effect; prints µs per call.
+_RMS_MODULE_CODE = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from bench_jit import per_call_us
+from sgljit_norm.ops import cuda_function
+x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+out = torch.empty_like(x)
+f = cuda_function("rmsnorm", torch.bfloat16, 4096)
+print(per_call_us(lambda: f(x, w, out, 1e-6), int(sys.argv[2]), torch.cuda.synchronize))
+"""
+
+
+def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
+    """Where an eager rmsnorm call's host time goes: its Python validation alone, and its module
+    function alone (tvm-ffi call, C++ validation, launch) with and without PDL."""
+    try:
+        import torch
+
+        from sgljit_norm import ops
+
+        x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty_like(x)
+        rep.add(
+            "host: rmsnorm's Python validation alone",
+            f"{per_call_us(lambda: ops._prepare_rmsnorm(x, w, 1e-6, out), calls):.2f} µs",
+            note="no launch",
+        )
+    except Exception as e:
+        rep.error("host: rmsnorm's Python validation", e)
+    for pdl in ("1", "0"):
+        what = f"host: rmsnorm's module function alone, SGLJIT_PDL={pdl}"
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", _RMS_MODULE_CODE, str(HERE), str(calls // 2)],
+                env={**os.environ, "SGLJIT_PDL": pdl},
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+            )
+            us = float(done.stdout.split()[-1])
+            rep.add(
+                what, f"{us:.2f} µs", note="tvm-ffi call + C++ validation + launch, back to back"
+            )
+        except subprocess.CalledProcessError as e:
+            rep.error(what, e.stderr or e)
+        except Exception as e:
+            rep.error(what, e)
 
 
 def _rms_args(f):
