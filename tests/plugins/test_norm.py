@@ -39,6 +39,7 @@ ROW_CASES = {
         (BF16, 16384),
         (FP16, 5120),
         (FP32, 12),
+        (FP32, 2048),
         (FP32, 16384),
         (BF16, 100),
         (BF16, 32776),
@@ -395,6 +396,12 @@ def test_cuda_many_rows(backend_env_cuda):
         ops.fused_add_rmsnorm(a, r, w)
         torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
         _close(a, _oracle(total, w, 1e-6), BF16, f"fused_add_rmsnorm {rows}x{width}")
+    # float32 rows of 2048 are 512 vectors too: the same many-rows row groups.
+    w = _randn((2048,), FP32, "cuda", 26)
+    a = _randn((16390, 2048), FP32, "cuda", 27)
+    out = _poison(a.shape, FP32, "cuda")
+    ops.rmsnorm(a, w, out=out)
+    _close(out, _oracle(a, w, 1e-6), FP32, "rmsnorm 16390x2048 float32")
 
 
 @pytest.fixture
