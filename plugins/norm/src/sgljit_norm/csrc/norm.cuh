@@ -23,9 +23,10 @@
 //    writes, see sgljit::prefetch_l2);
 //  * many rows (NORM_MANY_ROWS, 16384) of 4096 16-bit elements (512 vectors) take their own row
 //    groups (NORM_MANY_*), each measured on the H200 against the default there:
-//      - the fused add (also for rows of 257-511 vectors): 128 threads of 4 vectors per stream instead of 256 of 2: 65536x4096 and
-//        16384x4096 2% faster (even with 8 bytes spilled under the 64-register budget; 80 registers
-//        gained nothing); at 1024 rows and below 6-40% slower, for wider rows no faster;
+//      - the fused add (also for rows of 257-511 vectors): 128 threads of 4 vectors per stream
+//        instead of 256 of 2: 65536x4096 and 16384x4096 2% faster (even with 8 bytes spilled under
+//        the 64-register budget; 80 registers gained nothing); at 1024 rows and below 6-40% slower,
+//        for wider rows no faster;
 //      - rmsnorm: 256 threads of 2 vectors instead of 128 of 4, under a 1536-thread register budget
 //        (6 rows in flight per SM instead of 8): 65536x4096 257.6 -> 254.7 us, 16384x4096 65.6 ->
 //        65.0 (a plain copy of those bytes, torch.mul, takes 252.0 and 64.7); equal at 128-4096
@@ -95,7 +96,7 @@ inline constexpr int kMaxVecsPerRow = 4096;
 #ifndef NORM_PREFETCH_BLOCKS_PER_SM  // "small": at most this many blocks per SM
 #define NORM_PREFETCH_BLOCKS_PER_SM 1
 #endif
-#ifndef NORM_MANY_ROWS  // from this many rows (of 512 vectors), the NORM_MANY_* row groups (0x7fffffff: never)
+#ifndef NORM_MANY_ROWS  // from this many rows, the NORM_MANY_* row groups (0x7fffffff: never)
 #define NORM_MANY_ROWS 16384
 #endif
 #ifndef NORM_MANY_FUSED_VECS  // the fused add's vectors per thread and stream there
