@@ -386,13 +386,9 @@ def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
     """Where an eager rmsnorm call's host time goes: its Python validation alone, and its module
     function alone (tvm-ffi call, C++ validation, launch) with and without PDL."""
     try:
-        import torch
-
         from sgljit_norm import ops
 
-        x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
-        w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
-        out = torch.empty_like(x)
+        x, w, out = _rms_tensors()
         rep.add(
             "host: rmsnorm's Python validation alone",
             f"{per_call_us(lambda: ops._prepare_rmsnorm(x, w, 1e-6, out), calls):.2f} µs",
@@ -421,12 +417,16 @@ def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
             rep.error(what, e)
 
 
-def _rms_args(f):
+def _rms_tensors():
+    """input, weight and out of the host-overhead rmsnorm calls: 1x4096 bf16 on the GPU."""
     import torch
 
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty_like(x)
+    return x, torch.randn(4096, dtype=torch.bfloat16, device="cuda"), torch.empty_like(x)
+
+
+def _rms_args(f):
+    x, w, out = _rms_tensors()
     return lambda: f(x, w, 1e-6, out=out)
 
 
