@@ -385,9 +385,10 @@ def test_prebuild_specs_cover_all_dtypes():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 1, 2], ids=["auto", "fused", "two_kernels"])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3], ids=["auto", "fused", "two_kernels", "three_kernels"])
 @pytest.mark.parametrize(
-    # auto: one launch (the tensor as one row of the per-token kernel) up to 64 KB, two kernels above
+    # auto: one launch (the tensor as one row of the per-token kernel) up to 64 KB, two kernels above,
+    # three beyond twice the L2 size (test_cuda_large)
     "numel",
     [0, 1, 7, 1023, 8 * 1024 + 3, 32768, 32769, 4109 * 4096 + 5, 19260817],
     ids=lambda n: f"n{n}",
@@ -467,7 +468,7 @@ def test_cuda_torch_compile_fullgraph():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 2], ids=["auto", "two_kernels"])
+@pytest.mark.parametrize("mode", [0, 2, 3], ids=["auto", "two_kernels", "three_kernels"])
 def test_cuda_graph_capture_and_replay(mode):
     x = _data((4109, 4096), torch.bfloat16, "cuda", seed=4)
     out = torch.empty(x.shape, dtype=E4M3, device="cuda")

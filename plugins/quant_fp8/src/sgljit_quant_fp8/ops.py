@@ -39,9 +39,10 @@ FP8_DTYPES = reference.FP8_DTYPES
 # capped by it).
 WORKSPACE_SIZE = 1024
 # CUDA dynamic per-tensor path: "auto" (up to 64 KB of input one launch of the per-token kernel on the
-# tensor as one row, else "two_kernels": absmax, then quantize), "two_kernels" always, or "fused"
-# (the cooperative single kernel, kept for comparison: it measured slower).
-_DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2}
+# tensor as one row; beyond twice the GPU's L2 size "three_kernels": absmax, scale, then the static
+# kernel; else "two_kernels": absmax, then a quantize pass that computes the scale itself), one of
+# those always, or "fused" (the cooperative single kernel, kept for comparison: it measured slower).
+_DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2, "three_kernels": 3}
 
 
 def _dynamic_mode() -> int:

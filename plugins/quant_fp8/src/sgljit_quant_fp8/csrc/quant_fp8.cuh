@@ -42,7 +42,14 @@
 //      flight; __launch_bounds__(512, 2) caps it at 64 registers so two blocks fit per SM (left
 //      alone, ptxas took 80 for the Markstein division of 4 vectors at once: one block per SM).
 //      (The static kernel's layout below, with the partials reduced by every block, measured
-//      1-14% slower here on the H200; a block per chunk instead of a persistent grid, 8% slower.)
+//      1-14% slower here on the H200; a block per chunk instead of a persistent grid, 8% slower;
+//      with the partials reduced by every warp after its loads are issued, 1-35% slower.)
+//
+// Per-tensor dynamic, inputs of more than QUANT_FP8_FINALIZE_MIN_L2S times the L2 size ("three
+// kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale,
+// then the static kernel below on chunks taken last chunk first (the absmax pass's tail is still in
+// L2). On the H200: 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096
+// (64 MB, about the L2 size) 1% slower, at 1024x4096 10% (the third launch).
 //
 // Per-tensor static: the per-token kernel's layout with the scale given: the tensor is cut into
 // chunks of 32 * N vectors (N = 1, 4 or 16: the largest that still gives about
@@ -67,7 +74,7 @@
 // Tuning macros (defaults are the current choice; SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=VALUE" overrides
 // them and is part of the build cache key): QUANT_FP8_ABSMAX_UNROLL, QUANT_FP8_ABSMAX_THREADS,
 // QUANT_FP8_QUANT_UNROLL, QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS, QUANT_FP8_L2_KEEP_PCT,
-// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM, QUANT_FP8_DYNAMIC_FINALIZE.
+// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM, QUANT_FP8_FINALIZE_MIN_L2S.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -104,8 +111,8 @@
 #ifndef QUANT_FP8_PREFETCH_L2  // small grids/tensors: prefetch the first loads into L2 before the PDL wait
 #define QUANT_FP8_PREFETCH_L2 1
 #endif
-#ifndef QUANT_FP8_DYNAMIC_FINALIZE  // dynamic, two-kernel path: 1 = absmax, finalize, static pass
-#define QUANT_FP8_DYNAMIC_FINALIZE 0   // (measured: see per_tensor_finalize_kernel)
+#ifndef QUANT_FP8_FINALIZE_MIN_L2S  // dynamic (auto): tensors of more than this many times the L2
+#define QUANT_FP8_FINALIZE_MIN_L2S 2   // size take three kernels (absmax, finalize, static pass)
 #endif
 #ifndef QUANT_FP8_CHUNK_THREADS_PER_SM  // static: threads per SM the chunk-size choice aims at
 #define QUANT_FP8_CHUNK_THREADS_PER_SM 512  // (1024x4096 bf16: 4 vectors a lane, 5.59 -> 5.28 us vs 1024)
@@ -635,10 +642,9 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
   }
 }
 
-// QUANT_FP8_DYNAMIC_FINALIZE=1: one block reduces the absmax kernel's partial maxima to the scale,
-// so the quantize pass can be the static kernel below (walking backwards) instead of a pass whose
-// every block reduces the partials itself. Measured on the H200 (with the L2 tail kept, against
-// without): 1-3% faster for 64-128 MB, 2% slower for 512 MB, 32% slower for 8 MB (a third launch).
+// Three kernels (see the top of this file): one block reduces the absmax kernel's partial maxima to
+// the scale, so the quantize pass can be the static kernel below (walking backwards) instead of a
+// pass whose every block reduces the partials itself.
 template <typename Q>
 __global__ __launch_bounds__(256) void per_tensor_finalize_kernel(const uint32_t* __restrict__ partial,
                                                                   int num_partial, float* __restrict__ scale) {
@@ -822,8 +828,9 @@ struct QuantFp8 {
   // out = quantize(input / s), scale[0] = s = max(absmax(input) / fp8_max, 2^-126).
   // workspace: float32, one element per block (the grid is capped by its size; its content does not
   // matter: it is overwritten).
-  // mode: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, else two kernels),
-  // 1 = the fused cooperative kernel, 2 = two kernels.
+  // mode: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
+  // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, else two kernels), 1 = the fused cooperative
+  // kernel, 2 = two kernels, 3 = three kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t mode) {
     DLDevice dev;
@@ -833,7 +840,8 @@ struct QuantFp8 {
     check_device(workspace, "workspace", dev);
     RuntimeCheck(workspace.IsContiguous() && workspace.numel() > 0,
                  "workspace: expected a non-empty contiguous tensor");
-    RuntimeCheck(mode >= 0 && mode <= 2, "mode: expected 0 (auto), 1 (fused) or 2 (two kernels), got ", mode);
+    RuntimeCheck(mode >= 0 && mode <= 3, "mode: expected 0 (auto), 1 (fused), 2 (two kernels) or 3 (three kernels), got ",
+                 mode);
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     // (An empty input takes this path too and gets the scale of an all-zero tensor, 2^-126.)
@@ -867,9 +875,9 @@ struct QuantFp8 {
       fused_launch<VEC>(x, o, s, ws, workspace.numel(), numel, dev);
       return;
     }
-    // Two kernels (auto and mode 2). For tensors up to QUANT_FP8_L2_KEEP_MAX_L2S times L2, the absmax
-    // pass reads the last QUANT_FP8_L2_KEEP_PCT % of L2 with normal priority; the quantize pass
-    // re-reads that tail first.
+    // Two or three kernels (auto, modes 2 and 3). For tensors up to QUANT_FP8_L2_KEEP_MAX_L2S times
+    // L2, the absmax pass reads the last QUANT_FP8_L2_KEEP_PCT % of L2 with normal priority; the
+    // quantize pass re-reads that tail first.
     constexpr auto absmax = per_tensor_absmax_kernel<T, VEC>;
     constexpr auto quant = per_tensor_dynamic_quant_kernel<T, Q, VEC>;
     constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
@@ -881,7 +889,8 @@ struct QuantFp8 {
     const bool prefetch = QUANT_FP8_PREFETCH_L2 && bytes <= l2 / 2;
     LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
         .pdl()(x, ws, numel, keep_from, prefetch);
-    if constexpr (QUANT_FP8_DYNAMIC_FINALIZE) {
+    const bool three = mode == 3 || (mode == 0 && bytes > l2 * QUANT_FP8_FINALIZE_MIN_L2S);
+    if (three) {
       LaunchKernel(per_tensor_finalize_kernel<Q>, dim3(1), dim3(256), 0, dev, "per_tensor_quant_fp8 (finalize)")
           .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s);
       per_tensor_rows<VEC, ScaleFrom::kGivenBackwards>(x, o, s, numel, dev);
