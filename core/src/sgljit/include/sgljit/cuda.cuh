@@ -101,6 +101,17 @@ SGLJIT_DEVICE void prefetch_l2(const void* ptr) {
 #endif
 }
 
+// Starts fetching `bytes` bytes from `ptr` into L2 with one bulk (TMA) request, from one thread;
+// `ptr` 16-byte aligned, `bytes` a multiple of 16. The same safety as prefetch_l2. Where every
+// thread of a row prefetched its own lines (several requests per 128-byte line, all through the
+// load path), one bulk request per row made rmsnorm of 128 rows of 4096 bf16 19% faster on the
+// H200. A no-op before sm_90 (no bulk copies there; no PDL either, so nothing to overlap).
+SGLJIT_DEVICE void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
+#endif
+}
+
 // Whether kernels that call pdl_wait() are launched with PDL on `device_id`: compute capability 9.0 or
 // newer, unless SGLJIT_PDL=0 (read once per process).
 inline bool pdl_enabled(int device_id) {
