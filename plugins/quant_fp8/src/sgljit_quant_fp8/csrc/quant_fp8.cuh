@@ -696,8 +696,15 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   const int nvr = int(row_len / VEC);  // rows are < 2^31 elements (checked on the host)
   const T* row_in = a.in + row * a.in_stride;
   if (a.prefetch && nvr > 0) {  // (see sgljit::prefetch_l2)
+    if constexpr (sizeof(T) * VEC == 16) {
+      // The row's first N * P vectors as one bulk request from its first lane: per-token 128x4096
+      // 2.17 -> 2.08 us on the H200, one-row dynamic 1x4096 1.50 -> 1.43. (For the absmax pass's
+      // slices, 8 KB per block, bulk requests were 2-3% slower.)
+      if (lane == 0) prefetch_l2_bulk(row_in, uint32_t(min(N * P, nvr)) * 16);
+    } else {
 #pragma unroll
-    for (int k = 0; k < N; ++k) prefetch_l2(row_in + min(lane + k * P, nvr - 1) * VEC);
+      for (int k = 0; k < N; ++k) prefetch_l2(row_in + min(lane + k * P, nvr - 1) * VEC);
+    }
   }
   pdl_wait();
   pdl_launch_dependents();
