@@ -385,7 +385,9 @@ def test_prebuild_specs_cover_all_dtypes():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 1, 2, 3], ids=["auto", "fused", "two_kernels", "three_kernels"])
+@pytest.mark.parametrize(
+    "mode", [0, 1, 2, 3], ids=["auto", "fused", "two_kernels", "three_kernels"]
+)
 @pytest.mark.parametrize(
     # auto: one launch (the tensor as one row of the per-token kernel) up to 64 KB, two kernels above,
     # three beyond twice the L2 size (test_cuda_large)
