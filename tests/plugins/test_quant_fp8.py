@@ -410,6 +410,27 @@ def test_cuda_dynamic_modes(mode, numel):
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", [2, 3], ids=["two_kernels", "three_kernels"])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
+def test_cuda_dynamic_modes_other_dtypes(mode, fp8_dtype, dtype, offset):
+    # The multi-kernel paths for the input types test_cuda_dynamic_modes (bf16) does not cover;
+    # offset 1: the input starts one element into its storage (no 16-byte vectors).
+    numel = 4109 * 1024 + 5
+    x = _data((numel + offset,), dtype, "cuda", seed=7 + offset)[offset:]
+    x[numel // 3] = -1234.5
+    out = _poisoned((numel,), fp8_dtype, "cuda")
+    scale = torch.full((1,), float("nan"), device="cuda")
+    workspace = torch.full((ops.WORKSPACE_SIZE,), float("nan"), device="cuda")
+    ops._per_tensor_dynamic(x, out, scale, workspace, mode)
+    want, ws = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
+    assert torch.equal(scale, ws)
+    assert_fp8_equal(out, want, exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize(
     # static: chunks of 32 * N vectors with N = 1, 4 (4109 x 4096 + 5) and 16 (19260817), and tails
