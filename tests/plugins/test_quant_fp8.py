@@ -399,11 +399,17 @@ def test_cuda_dynamic_modes(mode, numel):
     x = _data((numel,), torch.bfloat16, "cuda", seed=numel % 1000)
     if numel:
         x[numel // 2] = -97.25  # the max sits in the middle of some block's chunk
-    out = _poisoned((numel,), E4M3, "cuda")
+    _check_dynamic_mode(x, mode, E4M3)
+
+
+def _check_dynamic_mode(x: torch.Tensor, mode: int, fp8_dtype: torch.dtype) -> None:
+    """Runs the dynamic per-tensor op in ``mode`` on poisoned outputs; scale and values must be
+    bit-identical to the reference."""
+    out = _poisoned(x.shape, fp8_dtype, "cuda")
     scale = torch.full((1,), float("nan"), device="cuda")
     workspace = torch.full((ops.WORKSPACE_SIZE,), float("nan"), device="cuda")
     ops._per_tensor_dynamic(x, out, scale, workspace, mode)
-    want, ws = reference.per_tensor_quant_fp8(x)
+    want, ws = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
     assert torch.equal(scale, ws)
     assert_fp8_equal(out, want, exact_nan=True)
 
@@ -420,13 +426,7 @@ def test_cuda_dynamic_modes_other_dtypes(mode, fp8_dtype, dtype, offset):
     numel = 4109 * 1024 + 5
     x = _data((numel + offset,), dtype, "cuda", seed=7 + offset)[offset:]
     x[numel // 3] = -1234.5
-    out = _poisoned((numel,), fp8_dtype, "cuda")
-    scale = torch.full((1,), float("nan"), device="cuda")
-    workspace = torch.full((ops.WORKSPACE_SIZE,), float("nan"), device="cuda")
-    ops._per_tensor_dynamic(x, out, scale, workspace, mode)
-    want, ws = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
-    assert torch.equal(scale, ws)
-    assert_fp8_equal(out, want, exact_nan=True)
+    _check_dynamic_mode(x, mode, fp8_dtype)
 
 
 @needs_gpu
