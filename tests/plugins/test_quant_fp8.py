@@ -416,13 +416,14 @@ def _check_dynamic_mode(x: torch.Tensor, mode: int, fp8_dtype: torch.dtype) -> N
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [2, 3], ids=["two_kernels", "three_kernels"])
+@pytest.mark.parametrize("mode", [1, 2, 3], ids=["fused", "two_kernels", "three_kernels"])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
 def test_cuda_dynamic_modes_other_dtypes(mode, fp8_dtype, dtype, offset):
-    # The multi-kernel paths for the input types test_cuda_dynamic_modes (bf16) does not cover;
-    # offset 1: the input starts one element into its storage (no 16-byte vectors).
+    # The fused and multi-kernel paths for the input types test_cuda_dynamic_modes (bf16) does not
+    # cover; offset 1: the input starts one element into its storage (no 16-byte vectors: "fused"
+    # then runs two kernels).
     numel = 4109 * 1024 + 5
     x = _data((numel + offset,), dtype, "cuda", seed=7 + offset)[offset:]
     x[numel // 3] = -1234.5
@@ -446,6 +447,25 @@ def test_cuda_static_sizes(numel, offset):
     got, s = sgljit.ops.per_tensor_quant_fp8(x, scale, out=out)
     assert got is out and s is scale
     assert_fp8_equal(out, reference.quantize(x, scale, E4M3), exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [
+        ((16384, 4096), torch.bfloat16),
+        ((65536, 4096), torch.bfloat16),
+        ((8192, 4096), torch.float32),
+    ],
+    ids=["16384x4096-bf16", "65536x4096-bf16", "8192x4096-fp32"],
+)
+def test_cuda_fused_large(shape, dtype):
+    # The fused kernel where its ring and L2-kept chunks are used (the smaller sizes of
+    # test_cuda_dynamic_modes fit in the blocks' shared memory or barely beyond).
+    x = _data(shape, dtype, "cuda", seed=21)
+    x.view(-1)[x.numel() * 2 // 3] = -777.0
+    _check_dynamic_mode(x, 1, E4M3)
 
 
 @needs_gpu
@@ -491,7 +511,9 @@ def test_cuda_torch_compile_fullgraph():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [0, 2, 3], ids=["auto", "two_kernels", "three_kernels"])
+@pytest.mark.parametrize(
+    "mode", [0, 1, 2, 3], ids=["auto", "fused", "two_kernels", "three_kernels"]
+)
 def test_cuda_graph_capture_and_replay(mode):
     x = _data((4109, 4096), torch.bfloat16, "cuda", seed=4)
     out = torch.empty(x.shape, dtype=E4M3, device="cuda")

@@ -59,9 +59,15 @@
 // 1.22 us at 1x4096 (1.77).
 // Vectors are carried as raw words (uint4), not arrays of 16-bit objects: copying those cost byte
 // permutes right after each load, and the loads were then issued one at a time.
-// The cooperative single-launch kernel (SGLJIT_QUANT_FP8_DYNAMIC=fused: absmax, grid barrier,
-// quantize from shared memory + L2) is kept for comparison; it was measured slower than two
-// kernels, and cannot use PDL.
+// The cooperative single-launch kernel (SGLJIT_QUANT_FP8_DYNAMIC=fused, sm_90+, 16-byte aligned;
+// otherwise that mode runs two kernels): bulk copies through a ring in shared memory, a stash of
+// each block's last chunks kept on chip across the grid barrier, the ring's tail kept in L2. It is
+// not chosen by "auto": on the H200 it measured 3-13% slower than auto from 1024x4096 to 65536x4096
+// bf16 (16384x4096: 85.9-86.4 us vs 80.8-81.3), with 3 stages of 32 KB, its best ring (6 stages of
+// 16 KB, 5 or 6 of 32 KB, 1024 threads: slower). Keeping 20% of L2 instead of 45 made 16384x4096
+// 83.6 and 65536x4096 317 us (auto: 308), but 8192x4096 3% slower; 0 or 70%: slower.
+// Its first forms were slower still: loads into registers, 64 KB in flight per SM (98.5 us at
+// 16384x4096), and each block owning one contiguous range instead of every G-th chunk (99.2 us).
 //
 // Per-token: P lanes per row (a power of two, 1..1024), each lane keeps N <= 16 vectors of its row in
 // registers (N a template parameter; loads at clamped indices, unpredicated, so all N are issued
@@ -80,6 +86,7 @@
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
+#include <sgljit/bulk.cuh>
 #include <sgljit/cuda.cuh>
 #include <sgljit/reduce.cuh>
 #include <sgljit/tensor.h>
@@ -359,9 +366,6 @@ struct AbsMax<T, VEC, true> {
   }
 };
 
-// The cooperative kernel's loads in flight per thread.
-inline constexpr int kUnroll = 4;
-
 // Block-wide max of uint32 (blockDim.x a multiple of 32, `smem` 32 words); every thread gets it.
 SGLJIT_DEVICE uint32_t block_reduce_max_u32(uint32_t v, uint32_t* smem) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, num_warps = blockDim.x / 32;
@@ -373,56 +377,6 @@ SGLJIT_DEVICE uint32_t block_reduce_max_u32(uint32_t v, uint32_t* smem) {
   __syncthreads();
   return v;
 }
-
-// absmax over vectors [begin, end) of `in` (block-strided, kUnroll loads in flight per thread);
-// with kStash each vector is also copied to stash[v - begin].
-template <typename T, int VEC, bool kStream, bool kStash>
-SGLJIT_DEVICE void absmax_range(const T* in, int64_t begin, int64_t end, uint32_t& m,
-                                typename Io<T, VEC>::V* stash) {
-  using IO = Io<T, VEC>;
-  const int64_t step = blockDim.x;
-  int64_t v = begin + threadIdx.x;
-  for (; v + (kUnroll - 1) * step < end; v += kUnroll * step) {
-    typename IO::V x[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) x[k] = IO::template load<kStream>(in + (v + k * step) * VEC);
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      m = max(m, IO::absmax(x[k]));
-      if constexpr (kStash) stash[v + k * step - begin] = x[k];
-    }
-  }
-  for (; v < end; v += step) {
-    const typename IO::V x = IO::template load<kStream>(in + v * VEC);
-    m = max(m, IO::absmax(x));
-    if constexpr (kStash) stash[v - begin] = x;
-  }
-}
-
-// Quantize vectors [begin, end): from `in` (kFromStash = false) or from stash[v - begin].
-template <typename T, typename Q, int VEC, bool kFast, bool kFromStash>
-SGLJIT_DEVICE void quant_range(const T* in, uint8_t* out, int64_t begin, int64_t end,
-                               const Divider& div, const typename Io<T, VEC>::V* stash) {
-  using IO = Io<T, VEC>;
-  const int64_t step = blockDim.x;
-  int64_t v = begin + threadIdx.x;
-  auto fetch = [&](int64_t i) {
-    if constexpr (kFromStash) {
-      return stash[i - begin];
-    } else {
-      return IO::template load<true>(in + i * VEC);
-    }
-  };
-  for (; v + (kUnroll - 1) * step < end; v += kUnroll * step) {
-    typename IO::V x[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) x[k] = fetch(v + k * step);
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) IO::template quantize_store<Q, kFast>(x[k], div, out + (v + k * step) * VEC);
-  }
-  for (; v < end; v += step) IO::template quantize_store<Q, kFast>(fetch(v), div, out + v * VEC);
-}
-
 // ------------------------------------------------------------------------------------------------
 // Per-tensor quantize pass (the second kernel of the dynamic op): grid-stride over
 // slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration so U loads are in
@@ -534,71 +488,162 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
 }
 
 // ------------------------------------------------------------------------------------------------
-// Per-tensor, dynamic scale, cooperative single launch (SGLJIT_QUANT_FP8_DYNAMIC=fused).
+// Per-tensor, dynamic scale, cooperative single launch with bulk copies (sm_90+; "fused").
+//
+// The tensor is cut into chunks of QUANT_FP8_FUSED_STAGE_BYTES; block b (one per SM) owns chunks
+// b, b + G, b + 2G, ... (interleaved, so the grid reads one window of memory at a time, as a
+// grid-stride loop does). Phase A reads each owned chunk once: the last `stash_chunks` into a stash
+// in shared memory (kept there for phase B), the others through a ring of QUANT_FP8_FUSED_STAGES
+// bulk copies (the last `l2_chunks` of them evict-last, so they are still in L2 for phase B),
+// reducing the absmax. The block's max goes to workspace[block]; a grid barrier; every block reduces
+// the maxima to the scale. Phase B quantizes the stash, then re-reads the ring's chunks in reverse
+// order (the L2-kept ones first). The ring's copies run ahead across the barrier: the first chunks of
+// phase B are in flight while the grid waits. Stash and L2 hold what DRAM would otherwise send twice.
 
-inline constexpr int kFusedThreads = 1024;
+#ifndef QUANT_FP8_FUSED_THREADS
+#define QUANT_FP8_FUSED_THREADS 512
+#endif
+#ifndef QUANT_FP8_FUSED_STAGES
+#define QUANT_FP8_FUSED_STAGES 3
+#endif
+#ifndef QUANT_FP8_FUSED_STAGE_BYTES
+#define QUANT_FP8_FUSED_STAGE_BYTES 32768
+#endif
+#ifndef QUANT_FP8_FUSED_L2_PCT  // % of L2 phase A reads evict-last (re-read first by phase B)
+#define QUANT_FP8_FUSED_L2_PCT 45
+#endif
+#ifndef QUANT_FP8_FUSED_PDL  // launch the cooperative kernel with PDL too
+#define QUANT_FP8_FUSED_PDL 0
+#endif
 
-template <typename T, typename Q, int VEC, bool kFast>
-SGLJIT_DEVICE void phase_b(const T* in, uint8_t* out, const Divider& div, int64_t c0, int64_t l0,
-                           int64_t k0, int64_t c1, const typename Io<T, VEC>::V* stash,
-                           int64_t numel, bool last_block) {
-  quant_range<T, Q, VEC, kFast, false>(in, out, l0, k0, div, nullptr);  // L2-resident part first
-  quant_range<T, Q, VEC, kFast, true>(in, out, k0, c1, div, stash);     // kept in shared memory
-  quant_range<T, Q, VEC, kFast, false>(in, out, c0, l0, div, nullptr);  // the rest, from HBM
-  if (last_block) {
-    for (int64_t i = numel / VEC * VEC + threadIdx.x; i < numel; i += blockDim.x) {
-      out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
-    }
+inline constexpr int kFusedThreads = QUANT_FP8_FUSED_THREADS;
+inline constexpr int kFusedStages = QUANT_FP8_FUSED_STAGES;
+inline constexpr int kFusedChunkVecs = QUANT_FP8_FUSED_STAGE_BYTES / 16;  // 16-byte vectors
+static_assert(kFusedChunkVecs % kFusedThreads == 0, "a chunk must hold whole vectors per thread");
+
+// Calls f(vector index in the chunk) for this thread's vectors of a chunk of n vectors.
+template <typename F>
+SGLJIT_DEVICE void for_chunk(int n, F&& f) {
+#pragma unroll
+  for (int k = 0; k < kFusedChunkVecs / kFusedThreads; ++k) {
+    const int i = threadIdx.x + k * kFusedThreads;
+    if (i < n) f(i);
   }
 }
 
-// Phase A, grid barrier, phase B. Block b owns vectors [c0, c1) = [nv*b/G, nv*(b+1)/G): [c0, l0)
-// streamed, [l0, k0) read with normal L2 priority (re-read first in phase B), [k0, c1) kept in shared
-// memory (keep_vecs of them). Launched cooperatively (not with PDL: pdl_wait is then a no-op).
-template <typename T, typename Q, int VEC>
+// Launched cooperatively with kFusedThreads threads; dynamic shared memory: stash_chunks chunks, then
+// the ring (QUANT_FP8_FUSED_STAGES chunks) if some block owns more chunks than that. Input and output
+// 16-byte aligned (the host checks).
+template <typename T, typename Q>
 __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     const T* __restrict__ in, uint8_t* __restrict__ out, float* __restrict__ scale,
-    uint32_t* __restrict__ workspace, int64_t numel, int64_t keep_vecs, int64_t l2_vecs) {
-  using V = typename Io<T, VEC>::V;
+    uint32_t* __restrict__ workspace, int64_t numel, int stash_chunks, int l2_chunks) {
+  constexpr int VEC = kVecSize<T>;
+  constexpr int S = kFusedStages, CV = kFusedChunkVecs;
+  using IO = Io<T, VEC>;
+  static_assert(sizeof(typename IO::V) == 16, "the fused kernel moves 16-byte vectors");
+  extern __shared__ uint4 dyn_smem[];
+  __shared__ uint64_t full[S];
+  __shared__ uint64_t stash_full;
+  __shared__ uint32_t red[32];
+  uint4* const stash = dyn_smem;
+  uint4* const ring = dyn_smem + int64_t(stash_chunks) * CV;
+
+  const int64_t nv = numel / VEC, num_chunks = div_ceil<int64_t>(nv, CV);
+  const int G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
+  const bool last_block = b == G - 1;
+  // This block's i-th chunk is chunk b + i * G of the tensor: vectors [first(i), first(i) + size(i)).
+  const int owned = b < num_chunks ? int((num_chunks - 1 - b) / G + 1) : 0;
+  const int stashed = min(stash_chunks, owned), num_a = owned - stashed;
+  auto first = [&](int i) { return (b + int64_t(i) * G) * CV; };
+  auto size = [&](int i) { return int(min(int64_t(CV), nv - first(i))); };
+  // The ring's g-th copy: owned chunk g (phase A, forward), then 2 * num_a - 1 - g (phase B, backward).
+  auto chunk_of = [&](int g) { return g < num_a ? g : 2 * num_a - 1 - g; };
+  auto issue = [&](int g) {  // thread 0 only
+    const int i = chunk_of(g);
+    const uint32_t bytes = uint32_t(size(i)) * 16u;
+    const bool keep_in_l2 = g < num_a && i >= num_a - l2_chunks;
+    mbarrier_expect_tx(&full[g % S], bytes);
+    bulk_copy_g2s(ring + (g % S) * CV, in + first(i) * VEC, bytes, &full[g % S],
+                  keep_in_l2 ? l2_evict_last() : l2_evict_first());
+  };
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) mbarrier_init(&full[s], 1);
+    mbarrier_init(&stash_full, 1);
+    mbarrier_fence_init();
+  }
+  __syncthreads();
   pdl_wait();
   pdl_launch_dependents();
-  extern __shared__ uint4 dyn_smem[];
-  __shared__ uint32_t red[32];
-  V* stash = reinterpret_cast<V*>(dyn_smem);
-
-  const int64_t nv = numel / VEC;
-  const int G = gridDim.x, b = blockIdx.x;
-  const bool last_block = b == G - 1;
-  const int64_t c0 = nv * b / G, c1 = nv * (b + 1) / G;
-  const int64_t keep = min(keep_vecs, c1 - c0);
-  const int64_t k0 = c1 - keep;
-  const int64_t l0 = max(c0, k0 - l2_vecs);
-
-  {
-    uint32_t m = 0;
-    absmax_range<T, VEC, true, false>(in, c0, l0, m, nullptr);
-    absmax_range<T, VEC, false, false>(in, l0, k0, m, nullptr);
-    absmax_range<T, VEC, true, true>(in, k0, c1, m, stash);
-    if (last_block) {
-      for (int64_t i = nv * VEC + threadIdx.x; i < numel; i += blockDim.x) {
-        m = max(m, abs_bits(to_float(in[i])));
+  if (tid == 0) {
+    if (stashed > 0) {
+      uint32_t bytes = 0;
+      for (int r = 0; r < stashed; ++r) bytes += uint32_t(size(num_a + r)) * 16u;
+      mbarrier_expect_tx(&stash_full, bytes);
+      for (int r = 0; r < stashed; ++r) {
+        bulk_copy_g2s(stash + r * CV, in + first(num_a + r) * VEC, uint32_t(size(num_a + r)) * 16u, &stash_full,
+                      l2_evict_first());
       }
     }
-    m = block_reduce_max_u32(m, red);
-    if (threadIdx.x == 0) workspace[b] = m;
-    cooperative_groups::this_grid().sync();  // also orders the workspace writes before the reads
+    for (int g = 0; g < min(S, 2 * num_a); ++g) issue(g);
   }
 
-  uint32_t m = 0;
-  for (int i = threadIdx.x; i < G; i += blockDim.x) m = max(m, __ldcg(workspace + i));
+  // Phase A: absmax.
+  AbsMax<T, VEC> acc;
+  for (int g = 0; g < num_a; ++g) {
+    mbarrier_wait(&full[g % S], uint32_t(g / S) & 1u);
+    const uint4* src = ring + (g % S) * CV;
+    for_chunk(size(g), [&](int i) { acc.add(src[i]); });
+    __syncthreads();  // the stage is read: it can be refilled
+    if (tid == 0 && g + S < 2 * num_a) issue(g + S);
+  }
+  if (stashed > 0) {
+    mbarrier_wait(&stash_full, 0);
+    for (int r = 0; r < stashed; ++r) {
+      for_chunk(size(num_a + r), [&](int i) { acc.add(stash[r * CV + i]); });
+    }
+  }
+  uint32_t m = acc.bits();
+  if (last_block) {
+    for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) m = max(m, abs_bits(to_float(in[i])));
+  }
+  m = block_reduce_max_u32(m, red);
+  if (tid == 0) workspace[b] = m;
+  cooperative_groups::this_grid().sync();  // also orders the workspace writes before the reads
+
+  m = 0;
+  for (int i = tid; i < G; i += kFusedThreads) m = max(m, __ldcg(workspace + i));
   m = block_reduce_max_u32(m, red);
   const float s = scale_from_absmax(m, Fp8<Q>::kMax);
-  if (b == 0 && threadIdx.x == 0) *scale = s;
+  if (b == 0 && tid == 0) *scale = s;
   const Divider div(s);
+
+  // Phase B: quantize.
+  auto phase_b = [&](auto fast) {
+    constexpr bool kFast = decltype(fast)::value;
+    auto quantize = [&](const uint4* src, int i) {
+      uint8_t* dst = out + first(i) * VEC;
+      for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kFast>(src[v], div, dst + v * VEC); });
+    };
+    for (int r = 0; r < stashed; ++r) quantize(stash + r * CV, num_a + r);
+    for (int g = num_a; g < 2 * num_a; ++g) {
+      mbarrier_wait(&full[g % S], uint32_t(g / S) & 1u);
+      quantize(ring + (g % S) * CV, chunk_of(g));
+      __syncthreads();
+      if (tid == 0 && g + S < 2 * num_a) issue(g + S);
+    }
+    if (last_block) {
+      for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) {
+        out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
+      }
+    }
+  };
   if (Divider::fast(s)) {
-    phase_b<T, Q, VEC, true>(in, out, div, c0, l0, k0, c1, stash, numel, last_block);
+    phase_b(std::true_type{});
   } else {
-    phase_b<T, Q, VEC, false>(in, out, div, c0, l0, k0, c1, stash, numel, last_block);
+    phase_b(std::false_type{});
   }
 }
 
@@ -837,7 +882,7 @@ struct QuantFp8 {
   // matter: it is overwritten).
   // mode: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
   // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, else two kernels), 1 = the fused cooperative
-  // kernel, 2 = two kernels, 3 = three kernels.
+  // kernel (two kernels where it cannot run: see fused_available), 2 = two kernels, 3 = three kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t mode) {
     DLDevice dev;
@@ -878,8 +923,8 @@ struct QuantFp8 {
     float* s = static_cast<float*>(scale.data_ptr());
     uint32_t* ws = static_cast<uint32_t*>(workspace.data_ptr());
     const int64_t nv = numel / VEC;
-    if (mode == 1) {
-      fused_launch<VEC>(x, o, s, ws, workspace.numel(), numel, dev);
+    if (mode == 1 && fused_available<VEC>(x, o, dev.device_id)) {
+      fused_launch(x, o, s, ws, workspace.numel(), numel, dev);
       return;
     }
     // Two or three kernels (auto, modes 2 and 3). For tensors up to QUANT_FP8_L2_KEEP_MAX_L2S times
@@ -908,51 +953,57 @@ struct QuantFp8 {
     }
   }
 
+  // Whether the fused kernel can run: 16-byte vectors (aligned input and output), bulk copies
+  // (sm_90+) and cooperative launch.
   template <int VEC>
-  static void fused_launch(const T* x, uint8_t* o, float* s, uint32_t* ws, int64_t ws_size, int64_t numel,
-                           DLDevice dev) {
-    auto kernel = per_tensor_fused_kernel<T, Q, VEC>;
-    constexpr int64_t kVecBytesHere = sizeof(T) * VEC;
-    const int64_t nv = numel / VEC;
-    // Up to the opt-in maximum of shared memory (less what the kernel declares statically).
-    const int smem_cap = std::max(0, device_attribute(dev.device_id, cudaDevAttrMaxSharedMemoryPerBlockOptin) - 1024);
-    const int64_t cap_vecs = smem_cap / kVecBytesHere;
-    const int blocks_fit = fused_blocks_per_sm<VEC>(dev.device_id, smem_cap);
-    RuntimeCheck(device_attribute(dev.device_id, cudaDevAttrCooperativeLaunch) && blocks_fit > 0,
-                 "per_tensor_quant_fp8: cooperative launch is not available on this device");
-    // At least 1024 vectors (one per thread) per block: small tensors use few blocks.
-    const int64_t grid = std::clamp<int64_t>(div_ceil<int64_t>(nv, kFusedThreads), 1,
-                                             std::min<int64_t>(int64_t(num_sms(dev.device_id)) * blocks_fit, ws_size));
-    const int64_t chunk = div_ceil<int64_t>(nv, grid);
-    const int64_t keep_vecs = std::min<int64_t>(cap_vecs, chunk);
-    const int64_t l2_vecs = int64_t(l2_bytes(dev.device_id)) * 45 / 100 / grid / kVecBytesHere;
-    const size_t smem = size_t(keep_vecs * kVecBytesHere);
-    LaunchKernel(kernel, dim3(grid), dim3(kFusedThreads), smem, dev, "per_tensor_quant_fp8 (dynamic, fused)")
-        .cooperative()(x, o, s, ws, numel, keep_vecs, l2_vecs);
+  static bool fused_available(const T* x, const uint8_t* o, int device_id) {
+    return VEC == kVec && aligned(x, 16) && aligned(o, kVec) &&
+           device_attribute(device_id, cudaDevAttrComputeCapabilityMajor) >= 9 &&
+           device_attribute(device_id, cudaDevAttrCooperativeLaunch) != 0;
   }
 
-  // Blocks of the fused kernel that fit on one SM with `smem` bytes of dynamic shared memory
-  // (after allowing that much once per device).
-  template <int VEC>
-  static int fused_blocks_per_sm(int device_id, int smem) {
+  static void fused_launch(const T* x, uint8_t* o, float* s, uint32_t* ws, int64_t ws_size, int64_t numel,
+                           DLDevice dev) {
+    constexpr auto kernel = per_tensor_fused_kernel<T, Q>;
+    constexpr int64_t kChunkBytes = int64_t(kFusedChunkVecs) * 16;
+    const int64_t num_chunks = div_ceil<int64_t>(numel / kVec, kFusedChunkVecs);
+    // One block per SM with as much dynamic shared memory as it may have (less the static part).
+    const int64_t smem_chunks = fused_smem_cap(dev.device_id) / kChunkBytes;
+    const int64_t grid = std::clamp<int64_t>(num_chunks, 1, std::min<int64_t>(num_sms(dev.device_id), ws_size));
+    const int64_t owned = div_ceil<int64_t>(num_chunks, grid);  // the most chunks a block owns
+    // All owned chunks in the stash when they fit; else the stash takes what the ring leaves.
+    const bool ring = owned > smem_chunks;
+    const int64_t stash_chunks = ring ? std::max<int64_t>(0, smem_chunks - kFusedStages) : owned;
+    const int64_t smem = (stash_chunks + (ring ? kFusedStages : 0)) * kChunkBytes;
+    RuntimeCheck(!ring || smem_chunks >= kFusedStages, "per_tensor_quant_fp8: not enough shared memory for the fused kernel");
+    const int64_t l2_chunks = int64_t(l2_bytes(dev.device_id)) * QUANT_FP8_FUSED_L2_PCT / 100 / grid / kChunkBytes;
+    LaunchKernel(kernel, dim3(grid), dim3(kFusedThreads), size_t(smem), dev, "per_tensor_quant_fp8 (dynamic, fused)")
+        .cooperative()
+        .pdl(QUANT_FP8_FUSED_PDL)(x, o, s, ws, numel, int(stash_chunks), int(l2_chunks));
+  }
+
+  // The fused kernel's dynamic shared memory limit on `device_id` (the opt-in maximum less its static
+  // shared memory), allowed for the kernel once per device.
+  static int fused_smem_cap(int device_id) {
     static std::array<int, 64> cache{};
     static std::mutex mutex;
     std::lock_guard<std::mutex> lock(mutex);
+    RuntimeCheck(device_id >= 0 && device_id < int(cache.size()), "device id out of range: ", device_id);
     int& slot = cache[device_id];
     if (slot == 0) {
-      auto kernel = per_tensor_fused_kernel<T, Q, VEC>;
+      constexpr auto kernel = per_tensor_fused_kernel<T, Q>;
+      cudaFuncAttributes attrs{};
+      check_cuda(cudaFuncGetAttributes(&attrs, kernel), "cudaFuncGetAttributes");
+      const int cap = device_attribute(device_id, cudaDevAttrMaxSharedMemoryPerBlockOptin) - int(attrs.sharedSizeBytes);
       int current = 0;
       check_cuda(cudaGetDevice(&current), "cudaGetDevice");
       check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "cudaFuncSetAttribute");
-      int blocks = 0;
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kFusedThreads, smem),
-                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap);
       check_cuda(cudaSetDevice(current), "cudaSetDevice");
-      slot = blocks > 0 ? blocks : -1;
+      check_cuda(err, "cudaFuncSetAttribute");
+      slot = cap;
     }
-    return std::max(slot, 0);
+    return slot;
   }
 
   // out[t, :] = quantize(input[t, :] / scales[t]), scales[t] = max(absmax(input[t, :]) / fp8_max, 2^-126).
