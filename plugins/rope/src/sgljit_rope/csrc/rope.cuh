@@ -90,7 +90,9 @@ struct Geometry {
   static_assert(ROT % 2 == 0 && (ROT / 2) % VEC == 0, "rotary_dim / 2 must be a multiple of VEC");
   static constexpr int kHalf = ROT / 2;
   static constexpr int kLanes = kHalf / VEC;
-  static constexpr int kGroups = kLanes >= kBlockTarget ? 1 : kBlockTarget / kLanes;
+  // Lane groups in a block of about `target` threads (at least one).
+  static constexpr int groups_for(int target) { return kLanes >= target ? 1 : target / kLanes; }
+  static constexpr int kGroups = groups_for(kBlockTarget);
   static constexpr int kBlock = kLanes * kGroups;
   // cos/sin are fp32: loaded in chunks of at most 4 floats (16 bytes).
   static constexpr int kCosVec = VEC < 4 ? VEC : 4;
@@ -111,7 +113,7 @@ struct Geometry {
   // The KV kernel (three kinds of item: q, k + store, v copy) keeps 2 heads per item for 16-byte
   // vectors of 2-byte types and takes 72-80 registers: 3/8 occupancy.
   static constexpr int kHeadsKV = VEC >= 8 ? 2 : 4;
-  static constexpr int kGroupsKV = kLanes >= kKVBlockTarget ? 1 : kKVBlockTarget / kLanes;
+  static constexpr int kGroupsKV = groups_for(kKVBlockTarget);
   static constexpr int kBlockKV = kLanes * kGroupsKV;
   static constexpr int kMinBlocksKV = 768 / kBlockKV > 0 ? 768 / kBlockKV : 1;
   // gptj with whole pairs per vector (needs an even VEC); cos/sin then come VEC/2 per vector side.
