@@ -416,6 +416,20 @@ def _check_dynamic_mode(x: torch.Tensor, mode: int, fp8_dtype: torch.dtype) -> N
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("algo", [-1, 4])
+def test_cuda_dynamic_bad_algo(algo):
+    # The private op's algorithm index is checked in C++ before any launch.
+    x = _data((4096,), torch.bfloat16, "cuda", seed=3)
+    out = _poisoned(x.shape, E4M3, "cuda")
+    scale = torch.full((1,), float("nan"), device="cuda")
+    workspace = torch.zeros(ops.WORKSPACE_SIZE, device="cuda")
+    with pytest.raises(ValueError, match=r"algo: expected 0 \(auto\).*got " + str(algo)):
+        ops._per_tensor_dynamic(x, out, scale, workspace, algo)
+    assert torch.isnan(scale).all()  # nothing ran
+
+
+@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", [1, 2, 3], ids=["fused", "two_kernels", "three_kernels"])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])

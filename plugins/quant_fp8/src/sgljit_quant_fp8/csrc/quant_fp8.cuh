@@ -49,7 +49,11 @@
 // kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale,
 // then the static kernel below on chunks taken last chunk first (the absmax pass's tail is still in
 // L2). On the H200: 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096
-// (64 MB, about the L2 size) 1% slower, at 1024x4096 10% (the third launch).
+// (64 MB, about the L2 size) 1% slower, at 1024x4096 10% (the third launch). Profiled there at
+// 16384x4096 (kernels serialized by the profiler): absmax 33.5 us, finalize 2.1, quantize pass 48.7,
+// the last reading 111 of its 134 MB from DRAM (the kept tail hits) at 69% of DRAM peak, so the hits
+// do not shorten it in proportion. Spreading the kept chunks over the pass (DRAM busy while L2
+// serves them) and loading the tail evict-last instead of at normal priority: both within 1%.
 //
 // Per-tensor static: the per-token kernel's layout with the scale given: the tensor is cut into
 // chunks of 32 * N vectors (N = 1, 4 or 16: the largest that still gives about
@@ -68,6 +72,9 @@
 // 83.6 and 65536x4096 317 us (auto: 308), but 8192x4096 3% slower; 0 or 70%: slower.
 // Its first forms were slower still: loads into registers, 64 KB in flight per SM (98.5 us at
 // 16384x4096), and each block owning one contiguous range instead of every G-th chunk (99.2 us).
+// Profiled at 16384x4096 it moves 210 MB in and 66 MB out of DRAM in 88 us (3.1 TB/s): it is held
+// back by latency, not by traffic. Two blocks per SM (each half the shared memory, 16 or 32 KB
+// stages) and phase B quantizing a stashed chunk after each ring chunk: equal or slower.
 //
 // Per-token: P lanes per row (a power of two, 1..1024), each lane keeps N <= 16 vectors of its row in
 // registers (N a template parameter; loads at clamped indices, unpredicated, so all N are issued
@@ -568,6 +575,14 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     bulk_copy_g2s(ring + (g % S) * CV, in + first(i) * VEC, bytes, &full[g % S],
                   keep_in_l2 ? l2_evict_last() : l2_evict_first());
   };
+  // Ring copy g: wait for its stage, hand it to f(stage, owned chunk index), then refill the stage
+  // with copy g + S once every thread is done with it.
+  auto ring_step = [&](int g, auto&& f) {
+    mbarrier_wait(&full[g % S], uint32_t(g / S) & 1u);
+    f(ring + (g % S) * CV, chunk_of(g));
+    __syncthreads();
+    if (tid == 0 && g + S < 2 * num_a) issue(g + S);
+  };
 
   if (tid == 0) {
 #pragma unroll
@@ -594,11 +609,7 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   // Phase A: absmax.
   AbsMax<T, VEC> acc;
   for (int g = 0; g < num_a; ++g) {
-    mbarrier_wait(&full[g % S], uint32_t(g / S) & 1u);
-    const uint4* src = ring + (g % S) * CV;
-    for_chunk(size(g), [&](int i) { acc.add(src[i]); });
-    __syncthreads();  // the stage is read: it can be refilled
-    if (tid == 0 && g + S < 2 * num_a) issue(g + S);
+    ring_step(g, [&](const uint4* src, int i) { for_chunk(size(i), [&](int v) { acc.add(src[v]); }); });
   }
   if (stashed > 0) {
     mbarrier_wait(&stash_full, 0);
@@ -629,12 +640,7 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
       for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kFast>(src[v], div, dst + v * VEC); });
     };
     for (int r = 0; r < stashed; ++r) quantize(stash + r * CV, num_a + r);
-    for (int g = num_a; g < 2 * num_a; ++g) {
-      mbarrier_wait(&full[g % S], uint32_t(g / S) & 1u);
-      quantize(ring + (g % S) * CV, chunk_of(g));
-      __syncthreads();
-      if (tid == 0 && g + S < 2 * num_a) issue(g + S);
-    }
+    for (int g = num_a; g < 2 * num_a; ++g) ring_step(g, quantize);
     if (last_block) {
       for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) {
         out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
@@ -881,11 +887,11 @@ struct QuantFp8 {
   // out = quantize(input / s), scale[0] = s = max(absmax(input) / fp8_max, 2^-126).
   // workspace: float32, one element per block (the grid is capped by its size; its content does not
   // matter: it is overwritten).
-  // mode: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
+  // algo: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
   // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, else two kernels), 1 = the fused cooperative
   // kernel (two kernels where it cannot run: see fused_available), 2 = two kernels, 3 = three kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
-                                 int64_t mode) {
+                                 int64_t algo) {
     DLDevice dev;
     const int64_t numel = check_pair(input, out, dev);
     check_scale(scale, "scale", dev);
@@ -893,12 +899,12 @@ struct QuantFp8 {
     check_device(workspace, "workspace", dev);
     RuntimeCheck(workspace.IsContiguous() && workspace.numel() > 0,
                  "workspace: expected a non-empty contiguous tensor");
-    RuntimeCheck(mode >= 0 && mode <= 3, "mode: expected 0 (auto), 1 (fused), 2 (two kernels) or 3 (three kernels), got ",
-                 mode);
+    RuntimeCheck(algo >= 0 && algo <= 3, "algo: expected 0 (auto), 1 (fused), 2 (two kernels) or 3 (three kernels), got ",
+                 algo);
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     // (An empty input takes this path too and gets the scale of an all-zero tensor, 2^-126.)
-    if (mode == 0 && numel * int64_t(sizeof(T)) <= QUANT_FP8_ONE_ROW_BYTES) {
+    if (algo == 0 && numel * int64_t(sizeof(T)) <= QUANT_FP8_ONE_ROW_BYTES) {
       // Small tensors (a decode step's activations): the per-token kernel on the tensor as one row
       // computes the same absmax, scale and values in one launch instead of two (the absmax pass and
       // the quantize pass each cost a launch and a memory round trip).
@@ -911,20 +917,20 @@ struct QuantFp8 {
       return;
     }
     if (aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
-      dynamic_launch<kVec>(x, o, scale, workspace, numel, mode, dev);
+      dynamic_launch<kVec>(x, o, scale, workspace, numel, algo, dev);
     } else {
-      dynamic_launch<1>(x, o, scale, workspace, numel, mode, dev);
+      dynamic_launch<1>(x, o, scale, workspace, numel, algo, dev);
     }
   }
 
   template <int VEC>
   static void dynamic_launch(const T* x, uint8_t* o, TensorView scale, TensorView workspace, int64_t numel,
-                             int64_t mode, DLDevice dev) {
+                             int64_t algo, DLDevice dev) {
     constexpr int64_t kVecBytesHere = sizeof(T) * VEC;
     float* s = static_cast<float*>(scale.data_ptr());
     uint32_t* ws = static_cast<uint32_t*>(workspace.data_ptr());
     const int64_t nv = numel / VEC;
-    if (mode == 1 && fused_available<VEC>(x, o, dev.device_id)) {
+    if (algo == 1 && fused_available<VEC>(x, o, dev.device_id)) {
       fused_launch(x, o, s, ws, workspace.numel(), numel, dev);
       return;
     }
@@ -942,7 +948,7 @@ struct QuantFp8 {
     const bool prefetch = QUANT_FP8_PREFETCH_L2 && bytes <= l2 / 2;
     LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
         .pdl()(x, ws, numel, keep_from, prefetch);
-    const bool three = mode == 3 || (mode == 0 && bytes > l2 * QUANT_FP8_FINALIZE_MIN_L2S);
+    const bool three = algo == 3 || (algo == 0 && bytes > l2 * QUANT_FP8_FINALIZE_MIN_L2S);
     if (three) {
       LaunchKernel(per_tensor_finalize_kernel<Q>, dim3(1), dim3(256), 0, dev, "per_tensor_quant_fp8 (finalize)")
           .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s);
