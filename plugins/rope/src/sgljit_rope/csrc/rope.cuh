@@ -48,7 +48,7 @@ namespace sgljit_rope {
 using namespace sgljit;
 
 // apply_rope's threads per block (rounded down to whole lane groups). On the H200, 128 instead of
-// 256 (bf16, 128-dim heads: 16 items a block, 10 blocks per SM under the 48-register budget)
+// 256 (bf16, 128-dim heads: 16 items a block, 10 blocks per SM under the 48-register budget of then)
 // measured 6-7% faster at T=1 and 0.3-0.7% faster from T=1024 to 65536, neox and gptj alike. The
 // KV kernel keeps 256 (with 128 it measured 2% slower at T=4096 and 16384).
 #ifndef ROPE_BLOCK_TARGET
@@ -80,9 +80,12 @@ inline constexpr int kKVBlockTarget = ROPE_KV_BLOCK_TARGET;
 #ifndef ROPE_PREFETCH_L2
 #define ROPE_PREFETCH_L2 1
 #endif
-// apply_rope's stores: 0 plain, 1 streaming (st.global.cs) for 16-byte vectors.
+// apply_rope's stores: 0 plain, 1 streaming (st.global.cs) for 16-byte vectors, 2 streaming when the
+// rotated heads fit in L2 (see RopeKernel::run). On the H200 (bf16, 32/8 heads x 128), 2 against 0:
+// T=1024 2-3% and T=4096 1-1.3% faster, equal from T=16384; streaming at every size (1) was 0.7-1%
+// slower at T=16384 and 65536.
 #ifndef ROPE_STORE_CS
-#define ROPE_STORE_CS 0
+#define ROPE_STORE_CS 2
 #endif
 
 template <int ROT, int VEC>
@@ -99,15 +102,17 @@ struct Geometry {
   // Heads per work item: kHeads * 2 vectors of loads in flight per thread, within the budget below.
   static constexpr int kHeads = VEC >= 8 ? ROPE_HEADS_PER_ITEM : 4;
   static_assert(kHeads >= 1 && kHeads <= 8, "ROPE_HEADS_PER_ITEM must be in [1, 8]");
-  // Register budget per thread: 48 for 2 heads of 2-byte types (no spill; left alone ptxas takes 56,
-  // and 5 blocks of 256 per SM instead of 4 measured 10% faster at T=1024, the same at 16384);
-  // 64 for fp32 (4 heads of 4-element vectors spill under 48).
+  // Register budget per thread: 56 for 2 heads of 2-byte types (9 blocks of 128 per SM; on the H200,
+  // with streaming stores, against 48 (10 blocks): 1.4% faster at T=4096, 0.3% from 16384, but 4%
+  // slower at T=1024, whose 1280 blocks then take two waves instead of one; with 256-thread blocks,
+  // 48 had measured 10% faster than 56 at T=1024); 64 for fp32 (4 heads of 4-element vectors spill
+  // under 48).
   // 4 heads of bf16 take ~78 under an 80 cap, no spill (3/8 occupancy; a 64 cap spills).
   // ROPE_MAX_REGS overrides the budget.
 #ifdef ROPE_MAX_REGS
   static constexpr int kRegs = ROPE_MAX_REGS;
 #else
-  static constexpr int kRegs = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 48 : 64;
+  static constexpr int kRegs = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 56 : 64;
 #endif
   static constexpr int kMinBlocks = 65536 / (kRegs * kBlock) > 0 ? 65536 / (kRegs * kBlock) : 1;
   // The KV kernel (three kinds of item: q, k + store, v copy) keeps 2 heads per item for 16-byte
@@ -162,8 +167,9 @@ struct HeadVec {
 
   SGLJIT_DEVICE void load(const T* ptr) { w.load(reinterpret_cast<const Word*>(ptr)); }
   SGLJIT_DEVICE void store(T* ptr) const { w.store(reinterpret_cast<Word*>(ptr)); }
+  template <bool kStream>
   SGLJIT_DEVICE void store_out(T* ptr) const {
-    if constexpr (ROPE_STORE_CS && sizeof(w) == 16) {
+    if constexpr (kStream && sizeof(w) == 16) {
       uint4 r;
       memcpy(&r, &w, sizeof(r));
       __stcs(reinterpret_cast<uint4*>(ptr), r);
@@ -317,7 +323,7 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
 
 // ------------------------------------------------------------------------------------------------
 // apply_rope: q and k rotated in place.
-template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
+template <typename T, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores>
 __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>::kMinBlocks)
     rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
@@ -377,8 +383,8 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>
     for (int h = 0; h < G::kHeads; ++h) {
       if (h < nheads) {
         rotate<T, NEOX, VEC>(a[h], b[h], c, s);
-        a[h].store_out(base + h * hs + off1);
-        b[h].store_out(base + h * hs + off2);
+        a[h].template store_out<kStreamStores>(base + h * hs + off1);
+        b[h].template store_out<kStreamStores>(base + h * hs + off2);
       }
     }
   }
@@ -553,7 +559,21 @@ struct RopeKernel {
     p.max_pos = P.value();
     if (n == 0) return;
     const DLDevice device = dev.value();
-    constexpr auto kernel = rope_kernel<T, IdxT, ROT, NEOX, VEC>;
+    // Streaming stores (evict-first) where the rotated heads fit in L2: otherwise the whole output
+    // stays in L2 as dirty lines, written back while the next kernels run.
+    const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
+    const bool stream =
+        ROPE_STORE_CS == 1 || (ROPE_STORE_CS == 2 && rotated_bytes <= device_attribute(device.device_id, cudaDevAttrL2CacheSize));
+    if (stream) {
+      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, true>>(q, k, cos_sin_cache, positions, p, device);
+    } else {
+      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, false>>(q, k, cos_sin_cache, positions, p, device);
+    }
+  }
+
+  template <auto kernel>
+  static void launch(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, RopeParams p,
+                     DLDevice device) {
     const int grid = grid_size<kernel>(G::kBlock, G::kGroups, device.device_id, p, ROPE_PERSISTENT != 0);
     // The prefetch before the PDL wait measured 14% faster at T=1 (1 block), 3% slower at T=1024 (640
     // blocks, all resident at once: the whole input's prefetches compete with the previous kernel's
