@@ -104,17 +104,21 @@ struct Geometry {
   static_assert(kHeads >= 1 && kHeads <= 8, "ROPE_HEADS_PER_ITEM must be in [1, 8]");
   // Register budget per thread: 56 for 2 heads of 2-byte types (9 blocks of 128 per SM; on the H200,
   // with streaming stores, against 48 (10 blocks): 1.4% faster at T=4096, 0.3% from 16384, but 4%
-  // slower at T=1024, whose 1280 blocks then take two waves instead of one; with 256-thread blocks,
-  // 48 had measured 10% faster than 56 at T=1024); 64 for fp32 (4 heads of 4-element vectors spill
-  // under 48).
+  // slower at T=1024, whose 1280 blocks then take two waves instead of one); 64 for fp32 (4 heads of
+  // 4-element vectors spill under 48).
   // 4 heads of bf16 take ~78 under an 80 cap, no spill (3/8 occupancy; a 64 cap spills).
-  // ROPE_MAX_REGS overrides the budget.
+  // Grids that fit on the GPU at once only under the tighter budget kRegsOneWave (48 for 2-byte
+  // types) take that kernel instead (RopeKernel::run). ROPE_MAX_REGS overrides both budgets.
 #ifdef ROPE_MAX_REGS
   static constexpr int kRegs = ROPE_MAX_REGS;
+  static constexpr int kRegsOneWave = ROPE_MAX_REGS;
 #else
   static constexpr int kRegs = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 56 : 64;
+  static constexpr int kRegsOneWave = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 48 : 64;
 #endif
-  static constexpr int kMinBlocks = 65536 / (kRegs * kBlock) > 0 ? 65536 / (kRegs * kBlock) : 1;
+  static constexpr int min_blocks_for(int regs) { return 65536 / (regs * kBlock) > 0 ? 65536 / (regs * kBlock) : 1; }
+  static constexpr int kMinBlocks = min_blocks_for(kRegs);
+  static constexpr int kMinBlocksOneWave = min_blocks_for(kRegsOneWave);
   // The KV kernel (three kinds of item: q, k + store, v copy) keeps 2 heads per item for 16-byte
   // vectors of 2-byte types and takes 72-80 registers: 3/8 occupancy.
   static constexpr int kHeadsKV = VEC >= 8 ? 2 : 4;
@@ -323,8 +327,8 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
 
 // ------------------------------------------------------------------------------------------------
 // apply_rope: q and k rotated in place.
-template <typename T, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores>
-__global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, Geometry<ROT, VEC>::kMinBlocks)
+template <typename T, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores, int kMinBlocks>
+__global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, kMinBlocks)
     rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
@@ -564,10 +568,25 @@ struct RopeKernel {
     const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
     const bool stream =
         ROPE_STORE_CS == 1 || (ROPE_STORE_CS == 2 && rotated_bytes <= device_attribute(device.device_id, cudaDevAttrL2CacheSize));
+    // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
+    constexpr auto wide = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, G::kMinBlocks>;
+    constexpr auto tight = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, G::kMinBlocksOneWave>;
+    const int64_t blocks = div_ceil<int64_t>(n * p.chunks, G::kGroups);
+    const int64_t sms = num_sms(device.device_id);
+    const bool one_wave = G::kMinBlocksOneWave != G::kMinBlocks &&
+                          blocks > sms * resident_blocks<wide>(device.device_id, G::kBlock) &&
+                          blocks <= sms * resident_blocks<tight>(device.device_id, G::kBlock);
+    auto go = [&](auto stream_c, auto one_wave_c) {
+      constexpr int kMin = decltype(one_wave_c)::value ? G::kMinBlocksOneWave : G::kMinBlocks;
+      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache, positions, p,
+                                                                                 device);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
     if (stream) {
-      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, true>>(q, k, cos_sin_cache, positions, p, device);
+      one_wave ? go(Yes{}, Yes{}) : go(Yes{}, No{});
     } else {
-      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, false>>(q, k, cos_sin_cache, positions, p, device);
+      one_wave ? go(No{}, Yes{}) : go(No{}, No{});
     }
   }
 
