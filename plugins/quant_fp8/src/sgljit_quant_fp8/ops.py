@@ -62,7 +62,7 @@ def _dynamic_mode() -> int:
 @sgljit.cache_once
 def cuda_module(dtype, fp8_dtype):
     """CUDA module exporting ``per_tensor_static(input, scale, out)``,
-    ``per_tensor_dynamic(input, out, scale, workspace, mode)`` and
+    ``per_tensor_dynamic(input, out, scale, workspace, algo)`` and
     ``per_token(input, out, scales)`` (see csrc/quant_fp8.cuh)."""
     args = sgljit.make_cpp_args(as_dtype(dtype), as_dtype(fp8_dtype))
     cls = f"sgljit_quant_fp8::QuantFp8<{args}>"
