@@ -566,8 +566,8 @@ struct RopeKernel {
     // Streaming stores (evict-first) where the rotated heads fit in L2: otherwise the whole output
     // stays in L2 as dirty lines, written back while the next kernels run.
     const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
-    const bool stream =
-        ROPE_STORE_CS == 1 || (ROPE_STORE_CS == 2 && rotated_bytes <= device_attribute(device.device_id, cudaDevAttrL2CacheSize));
+    const int64_t l2 = device_attribute(device.device_id, cudaDevAttrL2CacheSize);
+    const bool stream = ROPE_STORE_CS == 1 || (ROPE_STORE_CS == 2 && rotated_bytes <= l2);
     // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
     constexpr auto wide = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, G::kMinBlocks>;
     constexpr auto tight = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, G::kMinBlocksOneWave>;
