@@ -51,6 +51,21 @@ inline int num_sms(int device_id) { return device_attribute(device_id, cudaDevAt
 // Blocks of kKernel resident per SM of `device_id` at `threads` threads per block and `smem` bytes of
 // dynamic shared memory (at least 1: grids sized from it never come out empty); asked once per
 // (device, threads, smem) in a process. Persistent grids are num_sms() x this.
+// Runs f() (a runtime call returning cudaError_t) with `device_id` current, then makes the caller's
+// device current again; returns the first error.
+template <typename F>
+cudaError_t on_device(int device_id, F&& f) {
+  int current = 0;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess) err = cudaSetDevice(device_id);
+  if (err == cudaSuccess) {
+    err = f();
+    const cudaError_t restore = cudaSetDevice(current);
+    if (err == cudaSuccess) err = restore;
+  }
+  return err;
+}
+
 template <auto kKernel>
 int resident_blocks(int device_id, int threads, size_t smem = 0) {
   static std::map<std::tuple<int, int, size_t>, int> cache;
@@ -58,14 +73,9 @@ int resident_blocks(int device_id, int threads, size_t smem = 0) {
   std::lock_guard<std::mutex> lock(mutex);
   auto [it, inserted] = cache.try_emplace({device_id, threads, smem}, 0);
   if (inserted) {
-    int current = 0, blocks = 0;
-    cudaError_t err = cudaGetDevice(&current);
-    if (err == cudaSuccess) err = cudaSetDevice(device_id);
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem);
-      const cudaError_t restore = cudaSetDevice(current);
-      if (err == cudaSuccess) err = restore;
-    }
+    int blocks = 0;
+    const cudaError_t err = on_device(
+        device_id, [&] { return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem); });
     if (err != cudaSuccess) cache.erase(it);
     check_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     it->second = std::max(blocks, 1);

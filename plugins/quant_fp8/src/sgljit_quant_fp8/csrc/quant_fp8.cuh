@@ -934,7 +934,7 @@ struct QuantFp8 {
       fused_launch(x, o, s, ws, workspace.numel(), numel, dev);
       return;
     }
-    // Two or three kernels (auto, modes 2 and 3). For tensors up to QUANT_FP8_L2_KEEP_MAX_L2S times
+    // Two or three kernels (auto, algo 2 and 3). For tensors up to QUANT_FP8_L2_KEEP_MAX_L2S times
     // L2, the absmax pass reads the last QUANT_FP8_L2_KEEP_PCT % of L2 with normal priority; the
     // quantize pass re-reads that tail first.
     constexpr auto absmax = per_tensor_absmax_kernel<T, VEC>;
@@ -1002,12 +1002,9 @@ struct QuantFp8 {
       cudaFuncAttributes attrs{};
       check_cuda(cudaFuncGetAttributes(&attrs, kernel), "cudaFuncGetAttributes");
       const int cap = device_attribute(device_id, cudaDevAttrMaxSharedMemoryPerBlockOptin) - int(attrs.sharedSizeBytes);
-      int current = 0;
-      check_cuda(cudaGetDevice(&current), "cudaGetDevice");
-      check_cuda(cudaSetDevice(device_id), "cudaSetDevice");
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap);
-      check_cuda(cudaSetDevice(current), "cudaSetDevice");
-      check_cuda(err, "cudaFuncSetAttribute");
+      check_cuda(on_device(device_id,
+                           [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap); }),
+                 "cudaFuncSetAttribute");
       slot = cap;
     }
     return slot;
