@@ -111,10 +111,10 @@ struct Geometry {
   // types) take that kernel instead (RopeKernel::run). ROPE_MAX_REGS overrides both budgets.
 #ifdef ROPE_MAX_REGS
   static constexpr int kRegs = ROPE_MAX_REGS;
-  static constexpr int kRegsOneWave = ROPE_MAX_REGS;
+  static constexpr int kRegsOneWave = kRegs;
 #else
   static constexpr int kRegs = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 56 : 64;
-  static constexpr int kRegsOneWave = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 48 : 64;
+  static constexpr int kRegsOneWave = VEC >= 8 && kHeads * VEC <= 16 ? 48 : kRegs;
 #endif
   static constexpr int min_blocks_for(int regs) { return 65536 / (regs * kBlock) > 0 ? 65536 / (regs * kBlock) : 1; }
   static constexpr int kMinBlocks = min_blocks_for(kRegs);
