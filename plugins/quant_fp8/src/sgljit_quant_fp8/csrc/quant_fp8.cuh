@@ -523,6 +523,18 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
 #ifndef QUANT_FP8_FUSED_PDL  // launch the cooperative kernel with PDL too
 #define QUANT_FP8_FUSED_PDL 0
 #endif
+// Diagnostics only (never on by default: it overwrites the output): each block records %globaltimer
+// at its phase boundaries and, after a last grid barrier, writes the 8 stamps as u64 over the
+// output's bytes [64 * block, 64 * block + 64). benchmarks/trace_quant_fused.py reads them.
+#ifndef QUANT_FP8_FUSED_TRACE
+#define QUANT_FP8_FUSED_TRACE 0
+#endif
+
+SGLJIT_DEVICE uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 inline constexpr int kFusedThreads = QUANT_FP8_FUSED_THREADS;
 inline constexpr int kFusedStages = QUANT_FP8_FUSED_STAGES;
@@ -591,6 +603,11 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     mbarrier_fence_init();
   }
   __syncthreads();
+  uint64_t trace[8] = {};
+  auto mark = [&](int i) {
+    if constexpr (QUANT_FP8_FUSED_TRACE) trace[i] = global_ns();
+  };
+  mark(0);
   pdl_wait();
   pdl_launch_dependents();
   if (tid == 0) {
@@ -610,7 +627,9 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   AbsMax<T, VEC> acc;
   for (int g = 0; g < num_a; ++g) {
     ring_step(g, [&](const uint4* src, int i) { for_chunk(size(i), [&](int v) { acc.add(src[v]); }); });
+    if (g == 0) mark(1);
   }
+  mark(2);
   if (stashed > 0) {
     mbarrier_wait(&stash_full, 0);
     for (int r = 0; r < stashed; ++r) {
@@ -623,7 +642,9 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   }
   m = block_reduce_max_u32(m, red);
   if (tid == 0) workspace[b] = m;
+  mark(3);
   cooperative_groups::this_grid().sync();  // also orders the workspace writes before the reads
+  mark(4);
 
   m = 0;
   for (int i = tid; i < G; i += kFusedThreads) m = max(m, __ldcg(workspace + i));
@@ -640,7 +661,11 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
       for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kFast>(src[v], div, dst + v * VEC); });
     };
     for (int r = 0; r < stashed; ++r) quantize(stash + r * CV, num_a + r);
-    for (int g = num_a; g < 2 * num_a; ++g) ring_step(g, quantize);
+    mark(5);
+    for (int g = num_a; g < 2 * num_a; ++g) {
+      ring_step(g, quantize);
+      if (g == num_a + l2_chunks - 1) mark(6);
+    }
     if (last_block) {
       for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) {
         out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
@@ -651,6 +676,13 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     phase_b(std::true_type{});
   } else {
     phase_b(std::false_type{});
+  }
+  if constexpr (QUANT_FP8_FUSED_TRACE) {
+    mark(7);
+    cooperative_groups::this_grid().sync();
+    if (tid == 0) {
+      for (int i = 0; i < 8; ++i) reinterpret_cast<uint64_t*>(out)[b * 8 + i] = trace[i];
+    }
   }
 }
 
