@@ -53,7 +53,9 @@
 // 16384x4096 (kernels serialized by the profiler): absmax 33.5 us, finalize 2.1, quantize pass 48.7,
 // the last reading 111 of its 134 MB from DRAM (the kept tail hits) at 69% of DRAM peak, so the hits
 // do not shorten it in proportion. Spreading the kept chunks over the pass (DRAM busy while L2
-// serves them) and loading the tail evict-last instead of at normal priority: both within 1%.
+// serves them) and loading the tail evict-last instead of at normal priority: both within 1%; an
+// absmax pass of a block per 64 KB chunk (hardware-balanced) instead of the persistent grid: 0.6%
+// faster, noise; a quantize pass of 4 vectors a lane instead of 16: 2-5% slower.
 //
 // Per-tensor static: the per-token kernel's layout with the scale given: the tensor is cut into
 // chunks of 32 * N vectors (N = 1, 4 or 16: the largest that still gives about
@@ -75,6 +77,12 @@
 // Profiled at 16384x4096 it moves 210 MB in and 66 MB out of DRAM in 88 us (3.1 TB/s): it is held
 // back by latency, not by traffic. Two blocks per SM (each half the shared memory, 16 or 32 KB
 // stages) and phase B quantizing a stashed chunk after each ring chunk: equal or slower.
+// Its phase timestamps (QUANT_FP8_FUSED_TRACE, benchmarks/trace_quant_fused.py) at 16384x4096: phase
+// A's ring streams at about 4.4 TB/s, blocks end it 6 us apart, the barrier releases at ~38 us;
+// phase B then takes ~44.5 us for 143 MB of DRAM traffic (3.2 TB/s), blocks ending up to 9 us
+// apart. Phase B staggered across blocks (on-chip and DRAM chunks read at the same time): blocks
+// end together, the median no sooner (equal). Phase B through registers, a warp per 8 KB piece as
+// the static kernel reads: 5% slower.
 //
 // Per-token: P lanes per row (a power of two, 1..1024), each lane keeps N <= 16 vectors of its row in
 // registers (N a template parameter; loads at clamped indices, unpredicated, so all N are issued

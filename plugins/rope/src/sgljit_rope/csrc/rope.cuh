@@ -83,7 +83,8 @@ inline constexpr int kKVBlockTarget = ROPE_KV_BLOCK_TARGET;
 // apply_rope's stores: 0 plain, 1 streaming (st.global.cs) for 16-byte vectors, 2 streaming when the
 // rotated heads fit in L2 (see RopeKernel::run). On the H200 (bf16, 32/8 heads x 128), 2 against 0:
 // T=1024 2-3% and T=4096 1-1.3% faster, equal from T=16384; streaming at every size (1) was 0.7-1%
-// slower at T=16384 and 65536.
+// slower at T=16384 and 65536, streaming for k alone where the rest is plain within 0.5%. From
+// T=4096 this kernel and Liger's move the same DRAM bytes at the same share of peak (ncu).
 #ifndef ROPE_STORE_CS
 #define ROPE_STORE_CS 2
 #endif
@@ -104,8 +105,8 @@ struct Geometry {
   static_assert(kHeads >= 1 && kHeads <= 8, "ROPE_HEADS_PER_ITEM must be in [1, 8]");
   // Register budget per thread: 56 for 2 heads of 2-byte types (9 blocks of 128 per SM; on the H200,
   // with streaming stores, against 48 (10 blocks): 1.4% faster at T=4096, 0.3% from 16384, but 4%
-  // slower at T=1024, whose 1280 blocks then take two waves instead of one); 64 for fp32 (4 heads of
-  // 4-element vectors spill under 48).
+  // slower at T=1024, whose 1280 blocks then take two waves instead of one; 64 for every grid: within
+  // 0.7% from T=4096); 64 for fp32 (4 heads of 4-element vectors spill under 48).
   // 4 heads of bf16 take ~78 under an 80 cap, no spill (3/8 occupancy; a 64 cap spills).
   // Grids that fit on the GPU at once only under the tighter budget kRegsOneWave (48 for 2-byte
   // types) take that kernel instead (RopeKernel::run). ROPE_MAX_REGS overrides both budgets.
