@@ -49,8 +49,9 @@ def main() -> int:
         return 2
     op = sgljit.ops.per_tensor_quant_fp8
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if args.rows * args.cols < sms * 64:
-        print(f"trace_quant_fused: needs at least {sms * 64} elements", file=sys.stderr)
+    # Every SM's block must own a chunk (up to 64 KB a stage), or fewer blocks than SMs write stamps.
+    if args.rows * args.cols * 2 < sms * 65536:
+        print(f"trace_quant_fused: needs at least {sms * 32768} elements", file=sys.stderr)
         return 2
     xs = [torch.randn(args.rows, args.cols, device="cuda").to(torch.bfloat16) for _ in range(2)]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -63,9 +64,8 @@ def main() -> int:
         stamps = out.view(torch.uint8).flatten()[: sms * 64].view(torch.int64).reshape(sms, 8)
         if it >= 2:  # the first runs build and warm up
             rel = (stamps - stamps[:, 0].min()).double() / 1000.0
-            runs.append(
-                rel.masked_fill(stamps == 0, float("nan"))
-            )  # a mark the block never reached
+            # A stamp left at 0 is a mark the block never reached.
+            runs.append(rel.masked_fill(stamps == 0, float("nan")))
     rel = torch.stack(runs).nanmedian(dim=0).values  # [block, mark]
     print(
         f"fused quant trace, {args.rows}x{args.cols} bf16 -> e4m3, {sms} blocks; µs from the "
