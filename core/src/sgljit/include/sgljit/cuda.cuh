@@ -48,9 +48,6 @@ inline int device_attribute(int device_id, cudaDeviceAttr attr) {
 
 inline int num_sms(int device_id) { return device_attribute(device_id, cudaDevAttrMultiProcessorCount); }
 
-// Blocks of kKernel resident per SM of `device_id` at `threads` threads per block and `smem` bytes of
-// dynamic shared memory (at least 1: grids sized from it never come out empty); asked once per
-// (device, threads, smem) in a process. Persistent grids are num_sms() x this.
 // Runs f() (a runtime call returning cudaError_t) with `device_id` current, then makes the caller's
 // device current again; returns the first error.
 template <typename F>
@@ -66,6 +63,9 @@ cudaError_t on_device(int device_id, F&& f) {
   return err;
 }
 
+// Blocks of kKernel resident per SM of `device_id` at `threads` threads per block and `smem` bytes of
+// dynamic shared memory (at least 1: grids sized from it never come out empty); asked once per
+// (device, threads, smem) in a process. Persistent grids are num_sms() x this.
 template <auto kKernel>
 int resident_blocks(int device_id, int threads, size_t smem = 0) {
   static std::map<std::tuple<int, int, size_t>, int> cache;
