@@ -19,6 +19,10 @@ from .common import BACKENDS, HAS_CUDA, needs_gpu
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8 = (E4M3, E5M2)
+# The CUDA dynamic per-tensor algorithms by name (auto, fused, two_kernels, three_kernels), as the op
+# numbers them; FORCED: every one but auto.
+DYNAMIC_MODES = ops._DYNAMIC_MODES
+FORCED_MODES = {name: algo for name, algo in DYNAMIC_MODES.items() if name != "auto"}
 
 # The (input dtype, fp8 dtype) specializations the tests run (and the CUDA compile test builds).
 COMBOS = [
@@ -385,9 +389,7 @@ def test_prebuild_specs_cover_all_dtypes():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "mode", [0, 1, 2, 3], ids=["auto", "fused", "two_kernels", "three_kernels"]
-)
+@pytest.mark.parametrize("mode", list(DYNAMIC_MODES.values()), ids=list(DYNAMIC_MODES))
 @pytest.mark.parametrize(
     # auto: one launch (the tensor as one row of the per-token kernel) up to 64 KB, two kernels above,
     # three beyond twice the L2 size (test_cuda_large)
@@ -430,7 +432,7 @@ def test_cuda_dynamic_bad_algo(algo):
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", [1, 2, 3], ids=["fused", "two_kernels", "three_kernels"])
+@pytest.mark.parametrize("mode", list(FORCED_MODES.values()), ids=list(FORCED_MODES))
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
@@ -525,9 +527,7 @@ def test_cuda_torch_compile_fullgraph():
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "mode", [0, 1, 2, 3], ids=["auto", "fused", "two_kernels", "three_kernels"]
-)
+@pytest.mark.parametrize("mode", list(DYNAMIC_MODES.values()), ids=list(DYNAMIC_MODES))
 def test_cuda_graph_capture_and_replay(mode):
     x = _data((4109, 4096), torch.bfloat16, "cuda", seed=4)
     out = torch.empty(x.shape, dtype=E4M3, device="cuda")
