@@ -446,6 +446,62 @@ def test_cuda_dynamic_modes_other_dtypes(mode, fp8_dtype, dtype, offset):
     _check_dynamic_mode(x, mode, fp8_dtype)
 
 
+def _near_boundaries(scale: float, fp8_dtype, g: torch.Generator, reach: int = 6) -> torch.Tensor:
+    """fp32 values x with x / scale within about ``reach`` ulps of every point where the fp8
+    conversion changes its result (each finite non-zero value, each midpoint between neighbours),
+    both signs, shuffled."""
+    _, vals = _fp8_table(fp8_dtype)
+    points = torch.cat([vals[1:], (vals[:-1] + vals[1:]) / 2])  # exact in fp32
+    centre = (points * scale).float().view(torch.int32)
+    x = (centre[:, None] + torch.arange(-reach, reach + 1, dtype=torch.int32)).view(torch.float32)
+    x = torch.cat([x.flatten(), -x.flatten()])
+    return x[torch.randperm(x.numel(), generator=g)]
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_cuda_quotients_near_fp8_boundaries(fp8_dtype):
+    """The quotient's rounding decides the fp8 byte only near a rounding boundary: quotients a few
+    ulps from every boundary, at scales over 2^-30..2^30, through the static, per-token and every
+    dynamic per-tensor path; and every bf16 pattern at 16 random scales."""
+    g = torch.Generator().manual_seed(11)
+    scales = torch.exp2(torch.empty(48, dtype=torch.float64).uniform_(-30, 30, generator=g)).float()
+    bf16_all = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).cuda()
+    for s in scales[:16]:
+        scale = s.reshape(1).cuda()
+        for x in (_near_boundaries(float(s), fp8_dtype, g).cuda(), bf16_all):
+            got, _ = sgljit.ops.per_tensor_quant_fp8(x, scale, fp8_dtype=fp8_dtype)
+            assert_fp8_equal(got, reference.quantize(x, scale, fp8_dtype), exact_nan=True)
+    # per-token: each row's own scale is within a few ulps of the scale its values were made for
+    rows = torch.stack([_near_boundaries(float(s), fp8_dtype, g) for s in scales]).cuda()
+    got, got_scales = sgljit.ops.per_token_quant_fp8(rows, fp8_dtype=fp8_dtype)
+    want, want_scales = reference.per_token_quant_fp8(rows, fp8_dtype)
+    assert torch.equal(got_scales, want_scales)
+    assert_fp8_equal(got, want, exact_nan=True)
+    # dynamic per-tensor, every path: 4.6M elements (18 MB)
+    x = _near_boundaries(float(scales[0]), fp8_dtype, g).repeat(700).cuda()
+    for mode in DYNAMIC_MODES.values():
+        _check_dynamic_mode(x, mode, fp8_dtype)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_cuda_dynamic_bf16_every_value_at_its_scale(fp8_dtype):
+    """Dynamic bf16 scales may take a shorter division where the kernel certifies it for the
+    scale: every finite bf16 value up to the absmax, for 12 absmax values, through every path."""
+    g = torch.Generator().manual_seed(13)
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    every = every[every.float().isfinite()]
+    for p in torch.randint(0x3000, 0x4F80, (12,), generator=g).tolist():
+        absmax = torch.tensor([p], dtype=torch.int16).view(torch.bfloat16)
+        x = every[every.float().abs() <= absmax.float()]
+        x = x[torch.randperm(x.numel(), generator=g)].repeat(3).cuda()
+        for mode in DYNAMIC_MODES.values():
+            _check_dynamic_mode(x, mode, fp8_dtype)
+
+
 @needs_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
