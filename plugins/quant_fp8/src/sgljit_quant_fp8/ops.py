@@ -36,13 +36,13 @@ _HERE = Path(__file__).resolve().parent
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = reference.FP8_DTYPES
 # Partial maxima of the dynamic per-tensor scale: one slot per block of the absmax pass (its grid is
-# capped by it).
+# capped by it), and on CUDA a last one for the three-kernel path's division certificate.
 WORKSPACE_SIZE = 1024
 # CUDA dynamic per-tensor path: "auto" (up to 64 KB of input one launch of the per-token kernel on the
 # tensor as one row; beyond twice the GPU's L2 size "three_kernels": absmax, scale, then the static
-# kernel; else "two_kernels": absmax, then a quantize pass that computes the scale itself), one of
-# those always, or "fused" (one cooperative kernel, sm_90+ with 16-byte-aligned data; it measured
-# 3-13% slower than "auto").
+# kernel; bf16 from a quarter of the L2 size up to there "fused": one cooperative kernel, sm_90+ with
+# 16-byte-aligned data; else "two_kernels": absmax, then a quantize pass that computes the scale
+# itself), or one of those always.
 _DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2, "three_kernels": 3}
 
 
@@ -158,8 +158,8 @@ def _(input, scale, out):
 def _per_tensor_dynamic(
     input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
 ) -> None:
-    """``algo``: 0 = auto (one launch up to 64 KB of input, else two kernels); CUDA only: 1 = the
-    fused cooperative kernel, 2 = two kernels, 3 = three kernels."""
+    """``algo``: 0 = auto (see ``_DYNAMIC_MODES``); CUDA only: 1 = the fused cooperative kernel,
+    2 = two kernels, 3 = three kernels. ``workspace``: float32, at least 2 elements."""
     scale.copy_(reference.per_tensor_scale(input, out.dtype).view(scale.shape))
     reference.quantize_into(input, scale, out)
 

@@ -9,6 +9,13 @@
 //     exact by Markstein's theorem), which costs 1 mul + 4 fma instead of a full IEEE division.
 //     Quotients whose residuals could underflow are below 2^-60 (fp8 +-0, sign kept by copysign);
 //     |x*y| >= 2^100 saturates either way. Other scales (tiny, huge, <= 0, inf, NaN) use __fdiv_rn.
+//   * Dynamic bf16 quantize passes (three kernels, fused) stop after the first correction (1 mul +
+//     2 fma) where one_step_exact certified, for the scale at hand, that every bf16 value the op can
+//     see converts to the same fp8 byte that way (it checks the 2560-4480 values whose quotients
+//     reach fp8's rounding boundaries). The certificate held for every scale tried; where it does
+//     not, the pass uses the full division. On the H200 the quantize passes were compute-bound
+//     enough for this to matter: 16384x4096 bf16 dynamic 80.8-81.5 -> 79.0-79.4 us (three
+//     kernels), the fused kernel 86.1 -> 81.4 (its phase B mostly).
 //   * clamp + round-to-nearest-even = the hardware cvt.rn.satfinite (saturation to +-max is the
 //     clamp; NaN stays NaN: 0x7F, as torch's conversion of the canonical NaN the GPU produces).
 // Dynamic scale = max(absmax / fp8_max, 2^-126) in fp32 (true division): an all-zero tensor gets a
@@ -46,9 +53,9 @@
 //      with the partials reduced by every warp after its loads are issued, 1-35% slower.)
 //
 // Per-tensor dynamic, inputs of more than QUANT_FP8_FINALIZE_MIN_L2S times the L2 size ("three
-// kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale,
-// then the static kernel below on chunks taken last chunk first (the absmax pass's tail is still in
-// L2). On the H200: 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096
+// kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale
+// (and stores one_step_exact's verdict in the workspace's last element), then the static kernel
+// below on chunks taken last chunk first (the absmax pass's tail is still in L2). On the H200: 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096
 // (64 MB, about the L2 size) 1% slower, at 1024x4096 10% (the third launch). Profiled there at
 // 16384x4096 (kernels serialized by the profiler): absmax 33.5 us, finalize 2.1, quantize pass 48.7,
 // the last reading 111 of its 134 MB from DRAM (the kept tail hits) at 69% of DRAM peak, so the hits
@@ -67,8 +74,11 @@
 // permutes right after each load, and the loads were then issued one at a time.
 // The cooperative single-launch kernel (SGLJIT_QUANT_FP8_DYNAMIC=fused, sm_90+, 16-byte aligned;
 // otherwise that mode runs two kernels): bulk copies through a ring in shared memory, a stash of
-// each block's last chunks kept on chip across the grid barrier, the ring's tail kept in L2. It is
-// not chosen by "auto": on the H200 it measured 3-13% slower than auto from 1024x4096 to 65536x4096
+// each block's last chunks kept on chip across the grid barrier, the ring's tail kept in L2. "auto"
+// takes it for bf16 from QUANT_FP8_FUSED_MIN_L2_PCT (25) % of the L2 size up to the three-kernel
+// sizes: with the one-step division, on the H200, 2048x4096 12.3 us (two kernels 12.5), 4096x4096
+// 20.9 (22.6), 8192x4096 40.5 (42.4); at 1024x4096 8.6 (7.9), 16384x4096 81.4-82.5 (three kernels
+// 79.2). With the full division it was 3-13% slower than auto from 1024x4096 to 65536x4096
 // bf16 (16384x4096: 85.9-86.4 us vs 80.8-81.3), with 3 stages of 32 KB, its best ring (6 stages of
 // 16 KB, 5 or 6 of 32 KB, 1024 threads: slower). Keeping 20% of L2 instead of 45 made 16384x4096
 // 83.6 and 65536x4096 317 us (auto: 308), but 8192x4096 3% slower; 0 or 70%: slower.
@@ -82,7 +92,8 @@
 // phase B then takes ~44.5 us for 143 MB of DRAM traffic (3.2 TB/s), blocks ending up to 9 us
 // apart. Phase B staggered across blocks (on-chip and DRAM chunks read at the same time): blocks
 // end together, the median no sooner (equal). Phase B through registers, a warp per 8 KB piece as
-// the static kernel reads: 5% slower.
+// the static kernel reads: 5% slower. Phase B refilling each quantized stash chunk's shared memory
+// (up to 6 copies in flight instead of 2): 0.7-3% slower, with either division.
 //
 // Per-token: P lanes per row (a power of two, 1..1024), each lane keeps N <= 16 vectors of its row in
 // registers (N a template parameter; loads at clamped indices, unpredicated, so all N are issued
@@ -95,8 +106,9 @@
 // Tuning macros (defaults are the current choice; SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=VALUE" overrides
 // them and is part of the build cache key): QUANT_FP8_ABSMAX_UNROLL, QUANT_FP8_ABSMAX_THREADS,
 // QUANT_FP8_QUANT_UNROLL, QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS, QUANT_FP8_L2_KEEP_PCT,
-// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM, QUANT_FP8_FINALIZE_MIN_L2S; the fused
-// kernel's QUANT_FP8_FUSED_THREADS, _STAGES, _STAGE_BYTES, _L2_PCT and _PDL.
+// QUANT_FP8_TOKEN_THREADS_PER_SM, QUANT_FP8_CHUNK_THREADS_PER_SM, QUANT_FP8_FINALIZE_MIN_L2S,
+// QUANT_FP8_ONE_STEP; the fused kernel's QUANT_FP8_FUSED_THREADS, _STAGES, _STAGE_BYTES, _L2_PCT,
+// _PDL and _MIN_L2_PCT.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -134,6 +146,9 @@
 #ifndef QUANT_FP8_PREFETCH_L2  // small grids/tensors: prefetch the first loads into L2 before the PDL wait
 #define QUANT_FP8_PREFETCH_L2 1
 #endif
+#ifndef QUANT_FP8_FUSED_MIN_L2_PCT  // dynamic (auto), bf16: the fused kernel from this % of the L2 size
+#define QUANT_FP8_FUSED_MIN_L2_PCT 25
+#endif
 #ifndef QUANT_FP8_FINALIZE_MIN_L2S  // dynamic (auto): tensors of more than this many times the L2
 #define QUANT_FP8_FINALIZE_MIN_L2S 2   // size take three kernels (absmax, finalize, static pass)
 #endif
@@ -148,6 +163,9 @@
 #endif
 #ifndef QUANT_FP8_ONE_ROW_BYTES  // dynamic per-tensor (auto): inputs up to this size take one launch
 #define QUANT_FP8_ONE_ROW_BYTES 65536
+#endif
+#ifndef QUANT_FP8_ONE_STEP  // dynamic bf16: one Markstein step where certified per scale (one_step_exact)
+#define QUANT_FP8_ONE_STEP 1
 #endif
 #ifndef QUANT_FP8_TOKEN_THREADS_PER_SM  // per-token: threads per SM the lanes-per-row choice aims at
 #define QUANT_FP8_TOKEN_THREADS_PER_SM 512
@@ -165,11 +183,13 @@ struct Fp8;
 template <>
 struct Fp8<fp8_e4m3_t> {
   static constexpr float kMax = 448.0f;
+  static constexpr float kLowestMidpoint = 0x1p-10f;  // between 0 and the smallest subnormal
   static constexpr __nv_fp8_interpretation_t kKind = __NV_E4M3;
 };
 template <>
 struct Fp8<fp8_e5m2_t> {
   static constexpr float kMax = 57344.0f;
+  static constexpr float kLowestMidpoint = 0x1p-17f;
   static constexpr __nv_fp8_interpretation_t kKind = __NV_E5M2;
 };
 
@@ -186,15 +206,25 @@ SGLJIT_DEVICE float scale_from_absmax(uint32_t bits, float fp8_max) {
   return s < kMinScale ? kMinScale : s;  // NaN compares false: stays NaN
 }
 
+// How Divider computes x / s: kDivide (__fdiv_rn, any scale) and kMarkstein (fast scales) give the
+// correctly rounded fp32 quotient; kOneStep, the first Markstein step only (3 operations instead
+// of 8), only where one_step_exact certified that it converts to the same fp8 byte as the correctly
+// rounded quotient for every input the op can see.
+enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2 };
+
 struct Divider {
   float s, y;
   SGLJIT_DEVICE explicit Divider(float scale) : s(scale) { y = __frcp_rn(scale); }
   SGLJIT_DEVICE static bool fast(float scale) { return scale >= 0x1p-40f && scale <= 0x1p40f; }
 
-  // The correctly rounded fp32 quotient x / s (see the top of the file).
-  template <bool kFast>
+  // x / s as kMode says (see the top of the file).
+  template <int kMode>
   SGLJIT_DEVICE float operator()(float x) const {
-    if constexpr (kFast) {
+    if constexpr (kMode == kOneStep) {
+      const float q0 = __fmul_rn(x, y);
+      // (copysign: an exactly cancelling sum would be +0 for a tiny negative x)
+      return copysignf(__fmaf_rn(__fmaf_rn(-q0, s, x), y, q0), x);
+    } else if constexpr (kMode == kMarkstein) {
       const float q0 = __fmul_rn(x, y);
       const float r0 = __fmaf_rn(-q0, s, x);
       const float q1 = __fmaf_rn(r0, y, q0);
@@ -316,7 +346,7 @@ struct Io {
     return m;
   }
 
-  template <typename Q, bool kFast>
+  template <typename Q, int kFast>
   SGLJIT_DEVICE static void quantize_store(const V& v, const Divider& div, uint8_t* dst) {
     Out raw;
     if constexpr (VEC == 1) {
@@ -393,13 +423,41 @@ SGLJIT_DEVICE uint32_t block_reduce_max_u32(uint32_t v, uint32_t* smem) {
   __syncthreads();
   return v;
 }
+// Whether kOneStep (q0 = x * y, q1 = q0 + (x - s * q0) * y, y = 1/s) converts to the same fp8 byte
+// as the correctly rounded x / s for every input the dynamic op can see (finite bf16 with |x| <=
+// absmax, so |x / s| <= fp8_max): checked on every bf16 value whose quotient lies in
+// [kLowestMidpoint / 2, 2 * kMax) (2560 values for e4m3, 4480 for e5m2); below that, both quotients
+// convert to +-0. One step leaves the quotient within about an ulp, so only quotients right next to
+// an fp8 rounding boundary could differ: on the CPU no dynamic scale failed (the scales of all 384
+// bf16 absmax values in [1, 8), both formats), where the product x * y alone failed for 20% of
+// them (quotients that are exactly fp8 subnormal midpoints). Only bf16 (fp16 has 8x the values to
+// check, fp32 far more) and fast scales. Every thread of the block calls it; all get the verdict.
+template <typename T, typename Q>
+SGLJIT_DEVICE bool one_step_exact(float s) {
+  if constexpr (!QUANT_FP8_ONE_STEP || !std::is_same_v<T, bf16_t>) {
+    return false;
+  } else {
+    if (!Divider::fast(s)) return false;  // uniform across the block
+    const Divider div(s);
+    // bf16 bit patterns of x = s * q for q in [kLowestMidpoint / 2, 2 * kMax) (powers of two: exact)
+    const uint32_t lo = __float_as_uint(s * (Fp8<Q>::kLowestMidpoint * 0.5f)) >> 16;
+    const uint32_t hi = min((__float_as_uint(s * (Fp8<Q>::kMax * 2.0f)) >> 16) + 1u, 0x7f80u);
+    bool same = true;
+    for (uint32_t p = lo + threadIdx.x; p < hi; p += blockDim.x) {
+      const float x = __uint_as_float(p << 16);
+      same &= to_fp8<Q>(div.template operator()<kOneStep>(x)) == to_fp8<Q>(div.template operator()<kMarkstein>(x));
+    }
+    return __syncthreads_and(same) != 0;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Per-tensor quantize pass (the second kernel of the dynamic op): grid-stride over
 // slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration so U loads are in
 // flight per thread; the vector index is mirrored (v -> nv - 1 - v), so the pass starts at the end
 // of the tensor (a warp still covers 32 adjacent vectors, in descending order).
 
-template <typename T, typename Q, int VEC, int U, bool kFast>
+template <typename T, typename Q, int VEC, int U, int kFast>
 SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, int64_t numel) {
   using IO = Io<T, VEC>;
   const int64_t nv = numel / VEC;
@@ -663,7 +721,7 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
 
   // Phase B: quantize.
   auto phase_b = [&](auto fast) {
-    constexpr bool kFast = decltype(fast)::value;
+    constexpr int kFast = decltype(fast)::value;
     auto quantize = [&](const uint4* src, int i) {
       uint8_t* dst = out + first(i) * VEC;
       for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kFast>(src[v], div, dst + v * VEC); });
@@ -680,10 +738,12 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
       }
     }
   };
-  if (Divider::fast(s)) {
-    phase_b(std::true_type{});
+  if (one_step_exact<T, Q>(s)) {
+    phase_b(std::integral_constant<int, kOneStep>{});
+  } else if (Divider::fast(s)) {
+    phase_b(std::integral_constant<int, kMarkstein>{});
   } else {
-    phase_b(std::false_type{});
+    phase_b(std::integral_constant<int, kDivide>{});
   }
   if constexpr (QUANT_FP8_FUSED_TRACE) {
     mark(7);
@@ -708,17 +768,17 @@ inline constexpr int kTokenMaxThreads = N >= 16 ? 512 : 1024;
 // `zero` is 0, but the compiler cannot know it (the row max's sign bit): x[k] ^ zero keeps the
 // conversions of x to fp32 after the row reduction, so they are not all hoisted next to the loads
 // (N * VEC live floats: spills or a register-starved occupancy).
-template <typename T, typename Q, int VEC, int N>
+template <typename T, typename Q, int VEC, int N, int kMode>
 SGLJIT_DEVICE void token_quant(const typename Io<T, VEC>::V (&x)[N], const T* row_in, uint8_t* row_out, int nvr,
                                int lane, int P, const Divider& div, uint32_t zero) {
   using IO = Io<T, VEC>;
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     const int j = lane + k * P;
-    if (j < nvr) IO::template quantize_store<Q, true>(IO::opaque(x[k], zero), div, row_out + j * VEC);
+    if (j < nvr) IO::template quantize_store<Q, kMode>(IO::opaque(x[k], zero), div, row_out + j * VEC);
   }
   for (int j = lane + N * P; j < nvr; j += P) {
-    IO::template quantize_store<Q, true>(IO::template load<true>(row_in + j * VEC), div, row_out + j * VEC);
+    IO::template quantize_store<Q, kMode>(IO::template load<true>(row_in + j * VEC), div, row_out + j * VEC);
   }
 }
 
@@ -737,16 +797,27 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
 // Three kernels (see the top of this file): one block reduces the absmax kernel's partial maxima to
 // the scale, so the quantize pass can be the static kernel below (walking backwards) instead of a
 // pass whose every block reduces the partials itself.
-template <typename Q>
-__global__ __launch_bounds__(256) void per_tensor_finalize_kernel(const uint32_t* __restrict__ partial,
-                                                                  int num_partial, float* __restrict__ scale) {
-  pdl_wait();
+// It also stores one_step_exact's verdict for the quantize pass to *one_step_ok.
+inline constexpr int kFinalizeThreads = QUANT_FP8_ONE_STEP ? 1024 : 256;
+template <typename T, typename Q>
+__global__ __launch_bounds__(kFinalizeThreads) void per_tensor_finalize_kernel(const uint32_t* __restrict__ partial,
+                                                                  int num_partial, float* __restrict__ scale,
+                                                                  uint32_t* __restrict__ one_step_ok) {
+  // Trigger first: the quantize pass's blocks take SMs as the absmax pass drains and wait there
+  // (their pdl_wait returns once this kernel is done) instead of launching after this one's wait.
+  // On the H200 0.1-0.4% faster at 16384x4096 and 65536x4096, within noise.
   pdl_launch_dependents();
+  pdl_wait();
   __shared__ uint32_t red[32];
   uint32_t m = 0;
   for (int i = threadIdx.x; i < num_partial; i += blockDim.x) m = max(m, __ldcg(partial + i));
   m = block_reduce_max_u32(m, red);
-  if (threadIdx.x == 0) *scale = scale_from_absmax(m, Fp8<Q>::kMax);
+  const float s = scale_from_absmax(m, Fp8<Q>::kMax);
+  const bool one_step = one_step_exact<T, Q>(s);
+  if (threadIdx.x == 0) {
+    *scale = s;
+    *one_step_ok = one_step;
+  }
 }
 
 // Where a rows kernel's scale comes from.
@@ -763,6 +834,7 @@ struct RowsArgs {
   uint8_t* out;
   int64_t out_stride;
   float* scales;
+  const uint32_t* one_step_ok;  // kGiven*: where non-null and non-zero, the quantize uses kOneStep
   int64_t num_rows;
   int64_t hidden;       // elements of every row but the last
   int64_t last_hidden;  // elements of the last row (per-tensor: the rest of the tensor)
@@ -809,6 +881,7 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
 
   uint32_t m = 0;
   float s;
+  bool one_step = false;
   if constexpr (kFrom == ScaleFrom::kRowMax) {
     AbsMax<T, VEC> acc;
     if (nvr > 0) {
@@ -839,13 +912,16 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   } else {  // kGiven, kGivenBackwards
     // The row's loads are already in flight: the scale's latency overlaps them.
     s = __ldcg(a.scales);  // L2: may have been written by the kernel just before (PDL)
+    if constexpr (QUANT_FP8_ONE_STEP) one_step = a.one_step_ok != nullptr && __ldcg(a.one_step_ok) != 0;
   }
   if (!valid) return;
 
   const Divider div(s);
   uint8_t* row_out = a.out + row * a.out_stride;
-  if (Divider::fast(s)) {
-    token_quant<T, Q, VEC, N>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
+  if (QUANT_FP8_ONE_STEP && one_step) {
+    token_quant<T, Q, VEC, N, kOneStep>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
+  } else if (Divider::fast(s)) {
+    token_quant<T, Q, VEC, N, kMarkstein>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
   } else {
     token_quant_slow<T, Q, VEC>(row_in, row_out, nvr, lane, P, div);
   }
@@ -925,11 +1001,13 @@ struct QuantFp8 {
   }
 
   // out = quantize(input / s), scale[0] = s = max(absmax(input) / fp8_max, 2^-126).
-  // workspace: float32, one element per block (the grid is capped by its size; its content does not
-  // matter: it is overwritten).
+  // workspace: float32, one element per block and one more (the grid is capped by its size; its
+  // content does not matter: it is overwritten).
   // algo: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
-  // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, else two kernels), 1 = the fused cooperative
-  // kernel (two kernels where it cannot run: see fused_available), 2 = two kernels, 3 = three kernels.
+  // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, for bf16 the fused kernel from
+  // QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up to there, else two kernels), 1 = the fused
+  // cooperative kernel (two kernels where it cannot run: see fused_available), 2 = two kernels,
+  // 3 = three kernels. workspace: at least 2 elements.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t algo) {
     DLDevice dev;
@@ -937,8 +1015,8 @@ struct QuantFp8 {
     check_scale(scale, "scale", dev);
     check_dtype(workspace, "workspace", DTypeTrait<float>::value);
     check_device(workspace, "workspace", dev);
-    RuntimeCheck(workspace.IsContiguous() && workspace.numel() > 0,
-                 "workspace: expected a non-empty contiguous tensor");
+    RuntimeCheck(workspace.IsContiguous() && workspace.numel() >= 2,
+                 "workspace: expected a contiguous tensor of at least 2 elements");
     RuntimeCheck(algo >= 0 && algo <= 3, "algo: expected 0 (auto), 1 (fused), 2 (two kernels) or 3 (three kernels), got ",
                  algo);
     const T* x = static_cast<const T*>(input.data_ptr());
@@ -970,7 +1048,12 @@ struct QuantFp8 {
     float* s = static_cast<float*>(scale.data_ptr());
     uint32_t* ws = static_cast<uint32_t*>(workspace.data_ptr());
     const int64_t nv = numel / VEC;
-    if (algo == 1 && fused_available<VEC>(x, o, dev.device_id)) {
+    const int64_t l2 = l2_bytes(dev.device_id), bytes = numel * int64_t(sizeof(T));
+    // auto: bf16 (its quantize takes kOneStep) from QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up
+    // to the three-kernel sizes
+    const bool fused_auto = std::is_same_v<T, bf16_t> && QUANT_FP8_ONE_STEP && algo == 0 &&
+                            bytes > l2 * QUANT_FP8_FUSED_MIN_L2_PCT / 100 && bytes <= l2 * QUANT_FP8_FINALIZE_MIN_L2S;
+    if ((algo == 1 || fused_auto) && fused_available<VEC>(x, o, dev.device_id)) {
       fused_launch(x, o, s, ws, workspace.numel(), numel, dev);
       return;
     }
@@ -980,8 +1063,9 @@ struct QuantFp8 {
     constexpr auto absmax = per_tensor_absmax_kernel<T, VEC>;
     constexpr auto quant = per_tensor_dynamic_quant_kernel<T, Q, VEC>;
     constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
-    const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel());
-    const int64_t l2 = l2_bytes(dev.device_id), bytes = numel * int64_t(sizeof(T));
+    // (the workspace's last element takes the finalize kernel's one_step_exact verdict)
+    const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel() - 1);
+    uint32_t* one_step_ok = ws + workspace.numel() - 1;
     const int64_t keep_from =
         bytes <= l2 * QUANT_FP8_L2_KEEP_MAX_L2S ? nv - l2 * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere : nv;
     // The prefetch measured 7.5% faster for 8 MB (1024x4096 bf16), 1-4% slower from 128 MB.
@@ -990,9 +1074,10 @@ struct QuantFp8 {
         .pdl()(x, ws, numel, keep_from, prefetch);
     const bool three = algo == 3 || (algo == 0 && bytes > l2 * QUANT_FP8_FINALIZE_MIN_L2S);
     if (three) {
-      LaunchKernel(per_tensor_finalize_kernel<Q>, dim3(1), dim3(256), 0, dev, "per_tensor_quant_fp8 (finalize)")
-          .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s);
-      per_tensor_rows<VEC, ScaleFrom::kGivenBackwards>(x, o, s, numel, dev);
+      LaunchKernel(per_tensor_finalize_kernel<T, Q>, dim3(1), dim3(kFinalizeThreads), 0, dev,
+                   "per_tensor_quant_fp8 (finalize)")
+          .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s, one_step_ok);
+      per_tensor_rows<VEC, ScaleFrom::kGivenBackwards>(x, o, s, numel, dev, one_step_ok);
     } else {
       const int64_t grid_q = persistent_grid<quant, kQuantThreads>(dev.device_id, nv, INT32_MAX);
       LaunchKernel(quant, dim3(grid_q), dim3(kQuantThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")
@@ -1108,7 +1193,8 @@ struct QuantFp8 {
   // scales[0]. N (1, 4, 16) is the largest that still gives about QUANT_FP8_CHUNK_THREADS_PER_SM
   // threads per SM.
   template <int VEC, ScaleFrom kFrom = ScaleFrom::kGiven>
-  static void per_tensor_rows(const T* x, uint8_t* o, float* s, int64_t numel, DLDevice dev) {
+  static void per_tensor_rows(const T* x, uint8_t* o, float* s, int64_t numel, DLDevice dev,
+                              const uint32_t* one_step_ok = nullptr) {
     const int64_t nv = numel / VEC;
     const int64_t warps = int64_t(num_sms(dev.device_id)) * QUANT_FP8_CHUNK_THREADS_PER_SM / 32;
     const int64_t N = nv >= 16 * 32 * warps ? 16 : nv >= 4 * 32 * warps ? 4 : 1;
@@ -1118,6 +1204,7 @@ struct QuantFp8 {
     a.out = o;
     a.in_stride = a.out_stride = a.hidden = chunk;
     a.scales = s;
+    a.one_step_ok = one_step_ok;
     a.num_rows = div_ceil<int64_t>(numel, chunk);
     a.last_hidden = numel - (a.num_rows - 1) * chunk;
     a.P = 32;
