@@ -15,7 +15,7 @@ import sys
 import torch
 from harness import Case, Op, nbytes, run_family, standard_providers
 
-TOKENS = (1, 16, 128, 1024, 8192, 16384, 65536)
+TOKENS = (1, 16, 128, 1024, 2048, 4096, 8192, 16384, 65536)
 HIDDEN = 4096
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
