@@ -55,8 +55,9 @@
 // Per-tensor dynamic, inputs of more than QUANT_FP8_FINALIZE_MIN_L2S times the L2 size ("three
 // kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale
 // (and stores one_step_exact's verdict in the workspace's last element), then the static kernel
-// below on chunks taken last chunk first (the absmax pass's tail is still in L2). On the H200: 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096
-// (64 MB, about the L2 size) 1% slower, at 1024x4096 10% (the third launch). Profiled there at
+// below on chunks taken last chunk first (the absmax pass's tail is still in L2). On the H200:
+// 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096 (64 MB, about the L2
+// size) 1% slower, at 1024x4096 10% (the third launch). Profiled there at
 // 16384x4096 (kernels serialized by the profiler): absmax 33.5 us, finalize 2.1, quantize pass 48.7,
 // the last reading 111 of its 134 MB from DRAM (the kept tail hits) at 69% of DRAM peak, so the hits
 // do not shorten it in proportion. Spreading the kept chunks over the pass (DRAM busy while L2
@@ -207,7 +208,7 @@ SGLJIT_DEVICE float scale_from_absmax(uint32_t bits, float fp8_max) {
 }
 
 // How Divider computes x / s: kDivide (__fdiv_rn, any scale) and kMarkstein (fast scales) give the
-// correctly rounded fp32 quotient; kOneStep, the first Markstein step only (3 operations instead
+// correctly rounded fp32 quotient; kOneStep, the first Markstein step only (4 operations instead
 // of 8), only where one_step_exact certified that it converts to the same fp8 byte as the correctly
 // rounded quotient for every input the op can see.
 enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2 };
@@ -346,17 +347,17 @@ struct Io {
     return m;
   }
 
-  template <typename Q, int kFast>
+  template <typename Q, int kMode>
   SGLJIT_DEVICE static void quantize_store(const V& v, const Divider& div, uint8_t* dst) {
     Out raw;
     if constexpr (VEC == 1) {
-      raw = to_fp8<Q>(div.template operator()<kFast>(get(v, 0)));
+      raw = to_fp8<Q>(div.template operator()<kMode>(get(v, 0)));
     } else {
       uint16_t pairs[VEC / 2];
 #pragma unroll
       for (int i = 0; i < VEC / 2; ++i) {
-        pairs[i] = to_fp8x2<Q>(div.template operator()<kFast>(get(v, 2 * i)),
-                               div.template operator()<kFast>(get(v, 2 * i + 1)));
+        pairs[i] = to_fp8x2<Q>(div.template operator()<kMode>(get(v, 2 * i)),
+                               div.template operator()<kMode>(get(v, 2 * i + 1)));
       }
       memcpy(&raw, pairs, sizeof(raw));
     }
@@ -457,7 +458,7 @@ SGLJIT_DEVICE bool one_step_exact(float s) {
 // flight per thread; the vector index is mirrored (v -> nv - 1 - v), so the pass starts at the end
 // of the tensor (a warp still covers 32 adjacent vectors, in descending order).
 
-template <typename T, typename Q, int VEC, int U, int kFast>
+template <typename T, typename Q, int VEC, int U, int kMode>
 SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, int64_t numel) {
   using IO = Io<T, VEC>;
   const int64_t nv = numel / VEC;
@@ -477,11 +478,11 @@ SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, i
     }
 #pragma unroll
     for (int k = 0; k < U; ++k) {
-      if (ok[k]) IO::template quantize_store<Q, kFast>(x[k], div, out + v[k] * VEC);
+      if (ok[k]) IO::template quantize_store<Q, kMode>(x[k], div, out + v[k] * VEC);
     }
   }
   const int64_t i = nv * VEC + base;  // the last numel % VEC elements
-  if (i < numel) out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
+  if (i < numel) out[i] = to_fp8<Q>(div.template operator()<kMode>(to_float(in[i])));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -555,9 +556,9 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
   const Divider div(s);
   if (Divider::fast(s)) {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, true>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kMarkstein>(in, out, div, numel);
   } else {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, false>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kDivide>(in, out, div, numel);
   }
 }
 
@@ -720,11 +721,11 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   const Divider div(s);
 
   // Phase B: quantize.
-  auto phase_b = [&](auto fast) {
-    constexpr int kFast = decltype(fast)::value;
+  auto phase_b = [&](auto mode) {
+    constexpr int kMode = decltype(mode)::value;
     auto quantize = [&](const uint4* src, int i) {
       uint8_t* dst = out + first(i) * VEC;
-      for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kFast>(src[v], div, dst + v * VEC); });
+      for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kMode>(src[v], div, dst + v * VEC); });
     };
     for (int r = 0; r < stashed; ++r) quantize(stash + r * CV, num_a + r);
     mark(5);
@@ -734,7 +735,7 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     }
     if (last_block) {
       for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) {
-        out[i] = to_fp8<Q>(div.template operator()<kFast>(to_float(in[i])));
+        out[i] = to_fp8<Q>(div.template operator()<kMode>(to_float(in[i])));
       }
     }
   };
@@ -790,7 +791,7 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
                                               const Divider div) {
   using IO = Io<T, VEC>;
   for (int j = lane; j < nvr; j += P) {
-    IO::template quantize_store<Q, false>(IO::template load<false>(row_in + j * VEC), div, row_out + j * VEC);
+    IO::template quantize_store<Q, kDivide>(IO::template load<false>(row_in + j * VEC), div, row_out + j * VEC);
   }
 }
 
@@ -926,7 +927,7 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
     token_quant_slow<T, Q, VEC>(row_in, row_out, nvr, lane, P, div);
   }
   for (int64_t e = int64_t(nvr) * VEC + lane; e < row_len; e += P) {  // fewer than VEC elements
-    row_out[e] = to_fp8<Q>(div.template operator()<false>(to_float(row_in[e])));
+    row_out[e] = to_fp8<Q>(div.template operator()<kDivide>(to_float(row_in[e])));
   }
 }
 
@@ -1007,7 +1008,7 @@ struct QuantFp8 {
   // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, for bf16 the fused kernel from
   // QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up to there, else two kernels), 1 = the fused
   // cooperative kernel (two kernels where it cannot run: see fused_available), 2 = two kernels,
-  // 3 = three kernels. workspace: at least 2 elements.
+  // 3 = three kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t algo) {
     DLDevice dev;
