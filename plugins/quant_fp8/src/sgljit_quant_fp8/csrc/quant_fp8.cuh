@@ -424,6 +424,21 @@ SGLJIT_DEVICE uint32_t block_reduce_max_u32(uint32_t v, uint32_t* smem) {
   __syncthreads();
   return v;
 }
+
+// The dynamic scale from the absmax pass's partial maxima partial[0, n) (written by an earlier
+// kernel or before a grid barrier: read through L2), block-wide; every thread gets it. kThreads: the
+// block size where the kernel fixes it, else 0 (blockDim.x).
+template <typename Q, int kThreads = 0>
+SGLJIT_DEVICE float scale_from_partials(const uint32_t* partial, int n, uint32_t* red) {
+  uint32_t m = 0;
+  if constexpr (kThreads > 0) {
+    for (int i = threadIdx.x; i < n; i += kThreads) m = max(m, __ldcg(partial + i));
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = max(m, __ldcg(partial + i));
+  }
+  return scale_from_absmax(block_reduce_max_u32(m, red), Fp8<Q>::kMax);
+}
+
 // Whether kOneStep (q0 = x * y, q1 = q0 + (x - s * q0) * y, y = 1/s) converts to the same fp8 byte
 // as the correctly rounded x / s for every input the dynamic op can see (finite bf16 with |x| <=
 // absmax, so |x / s| <= fp8_max): checked on every bf16 value whose quotient lies in
@@ -549,10 +564,7 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
   pdl_wait();
   pdl_launch_dependents();
   __shared__ uint32_t red[32];
-  uint32_t m = 0;
-  for (int i = threadIdx.x; i < num_partial; i += blockDim.x) m = max(m, __ldcg(partial + i));
-  m = block_reduce_max_u32(m, red);
-  const float s = scale_from_absmax(m, Fp8<Q>::kMax);
+  const float s = scale_from_partials<Q>(partial, num_partial, red);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
   const Divider div(s);
   if (Divider::fast(s)) {
@@ -713,10 +725,7 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   cooperative_groups::this_grid().sync();  // also orders the workspace writes before the reads
   mark(4);
 
-  m = 0;
-  for (int i = tid; i < G; i += kFusedThreads) m = max(m, __ldcg(workspace + i));
-  m = block_reduce_max_u32(m, red);
-  const float s = scale_from_absmax(m, Fp8<Q>::kMax);
+  const float s = scale_from_partials<Q, kFusedThreads>(workspace, G, red);
   if (b == 0 && tid == 0) *scale = s;
   const Divider div(s);
 
@@ -810,10 +819,7 @@ __global__ __launch_bounds__(kFinalizeThreads) void per_tensor_finalize_kernel(c
   pdl_launch_dependents();
   pdl_wait();
   __shared__ uint32_t red[32];
-  uint32_t m = 0;
-  for (int i = threadIdx.x; i < num_partial; i += blockDim.x) m = max(m, __ldcg(partial + i));
-  m = block_reduce_max_u32(m, red);
-  const float s = scale_from_absmax(m, Fp8<Q>::kMax);
+  const float s = scale_from_partials<Q>(partial, num_partial, red);
   const bool one_step = one_step_exact<T, Q>(s);
   if (threadIdx.x == 0) {
     *scale = s;
