@@ -8,7 +8,9 @@ same on CUDA plus large shapes, strided views, torch.compile and CUDA graphs.
 """
 
 import os
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,6 +157,80 @@ def test_reference_conversion_matches_oracle_on_every_bf16():
             scale = torch.tensor([s])
             got = reference.quantize(x, scale, fp8_dtype)
             assert_fp8_equal(got, oracle_quantize(x, scale, fp8_dtype), exact_nan=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The CUDA kernels divide 16-bit inputs by one Markstein step: exact emulation on the CPU
+
+# Scale significands checked: every SCALE_STRIDE-th of the 2^23, from a random start. Stride 1 is
+# the exhaustive check (numpy, one core: about 30 s for bf16, 6 min for fp16; both found nothing).
+SCALE_STRIDE = 64
+
+
+def _to_f32(a):
+    return a.astype(np.float32).astype(np.float64)
+
+
+def one_markstein_step(x, s):
+    """The CUDA kernels' kOneStep, exactly, for float64 arrays holding fp32 values: y = rn(1/s),
+    q0 = rn(x*y), r = fma(-q0, s, x), q1 = fma(r, y, q0) (scales in 2^-40..2^40)."""
+    y = _to_f32(1.0 / s)  # float64, then float32: correctly rounded (53 >= 2 * 24 + 2)
+    q0 = _to_f32(x * y)  # the product is exact in float64
+    r = _to_f32(x - q0 * s)  # q0*s is exact (48 bits) and so is x - q0*s (within a factor 2 of x)
+    t = r * y  # exact (48 bits)
+    hi = q0 + t
+    lo = (q0 - hi) + t  # q0 + t == hi + lo exactly (|q0| >= |t|)
+    # hi rounded to odd by lo, then to fp32: the correctly rounded fma (53 >= 24 + 2)
+    bits = hi.view(np.int64)
+    bits = bits + ((lo != 0) & (bits % 2 == 0)) * np.sign(lo).astype(np.int64)
+    return _to_f32(bits.view(np.float64))
+
+
+def _significands(bits: int) -> np.ndarray:
+    """Every value of [1, 2) with ``bits`` significant bits."""
+    return np.arange(1 << (bits - 1), 1 << bits, dtype=np.float64) / 2.0 ** (bits - 1)
+
+
+def test_one_step_emulation_is_exact_and_can_fail():
+    # against exact rational arithmetic, including fp32 dividends (where one step is not enough)
+    rng = np.random.default_rng(5)
+    x = rng.integers(1 << 23, 1 << 24, 300) / 2.0**23 * 2.0 ** rng.integers(-2, 3, 300)
+    s = rng.integers(1 << 23, 1 << 24, 300) / 2.0**23 * 2.0 ** rng.integers(-2, 3, 300)
+
+    def rn(v: Fraction) -> Fraction:  # nearest-even float32 of a positive rational (normal range)
+        e = v.numerator.bit_length() - v.denominator.bit_length()
+        e += 1 if Fraction(2) ** e <= v else 0
+        ulp = Fraction(2) ** (e - 24)
+        n, rem = divmod(v / ulp, 1)
+        return (n + (rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1))) * ulp
+
+    got = one_markstein_step(x, s)
+    for xi, si, gi in zip(x.tolist(), s.tolist(), got.tolist(), strict=True):
+        X, S = Fraction(xi), Fraction(si)
+        y = rn(1 / S)
+        q0 = rn(X * y)
+        assert Fraction(gi) == rn(q0 + (X - q0 * S) * y)
+    # it does tell a wrong quotient: the product alone (q0) is off for many bf16 dividends
+    xb = _significands(8)[None, :]
+    sb = (rng.integers(1 << 23, 1 << 24, 64) / 2.0**23)[:, None]
+    assert (_to_f32(xb * _to_f32(1.0 / sb)) != _to_f32(xb / sb)).any()
+
+
+@pytest.mark.parametrize("bits", [8, 11], ids=["bf16", "fp16"])
+def test_one_markstein_step_is_the_correctly_rounded_quotient(bits):
+    """For dividends of at most 11 significant bits (bf16, fp16) one step from the correctly rounded
+    reciprocal gives the correctly rounded fp32 quotient, so the fp8 byte cannot differ from a true
+    division. Significands suffice: for scales in 2^-40..2^40 the exponents scale every step exactly
+    (no intermediate is subnormal where the quotient could round to a non-zero fp8 value)."""
+    rng = np.random.default_rng(bits)
+    x = _significands(bits)[None, :]
+    start = (1 << 23) + int(rng.integers(SCALE_STRIDE))
+    for first in range(start, 1 << 24, SCALE_STRIDE * 4096):
+        s = (np.arange(first, min(first + SCALE_STRIDE * 4096, 1 << 24), SCALE_STRIDE) / 2.0**23)[
+            :, None
+        ]
+        wrong = one_markstein_step(x, s) != _to_f32(x / s)
+        assert not wrong.any(), f"x={x[0, wrong.any(0)][0]!r}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -488,9 +564,41 @@ def test_cuda_quotients_near_fp8_boundaries(fp8_dtype):
 @needs_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_cuda_static_every_16bit_value(dtype, fp8_dtype):
+    """16-bit inputs are divided by one Markstein step (see test_one_markstein_step_is_the_
+    correctly_rounded_quotient): every bit pattern (inf, NaN, subnormals included) at 160 scales:
+    random significands over 2^-40..2^40 (the one-step range), its edges and just outside it."""
+    g = torch.Generator().manual_seed(17)
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
+    edges = torch.tensor([2.0**-40, 2.0**40, 2.0**-41, 2.0**41, 1.0, 3.0, 1e-30, 1e30, 2.0**-126])
+    edges = torch.cat(
+        [edges, edges.nextafter(torch.tensor(0.0)), edges.nextafter(torch.tensor(1e38))]
+    )
+    scales = torch.cat([edges, torch.exp2(torch.empty(133).uniform_(-40, 40, generator=g))]).float()
+    for s in scales:
+        scale = s.reshape(1).cuda()
+        got, _ = sgljit.ops.per_tensor_quant_fp8(every, scale, fp8_dtype=fp8_dtype)
+        assert_fp8_equal(got, reference.quantize(every, scale, fp8_dtype), exact_nan=True)
+    # per-token rows whose own scales fall over the same range
+    reach = 24 if dtype == torch.bfloat16 else 3
+    rows = _data((64, 480), torch.float64, "cpu", seed=17) * torch.exp2(
+        torch.randint(-reach, reach, (64, 1), generator=g)
+    )
+    rows = rows.to(dtype).cuda()
+    got, got_scales = sgljit.ops.per_token_quant_fp8(rows, fp8_dtype=fp8_dtype)
+    want, want_scales = reference.per_token_quant_fp8(rows, fp8_dtype)
+    assert torch.equal(got_scales, want_scales)
+    assert_fp8_equal(got, want, exact_nan=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_dtype", FP8)
 def test_cuda_dynamic_bf16_every_value_at_its_scale(fp8_dtype):
-    """Dynamic bf16 scales may take a shorter division where the kernel certifies it for the
-    scale: every finite bf16 value up to the absmax, for 12 absmax values, through every path."""
+    """Dynamic scales bound every quotient by fp8_max, so the one-step division there has no guard
+    for huge quotients: every finite bf16 value up to the absmax, for 12 absmax values, through
+    every path."""
     g = torch.Generator().manual_seed(13)
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     every = every[every.float().isfinite()]
