@@ -36,7 +36,7 @@ _HERE = Path(__file__).resolve().parent
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = reference.FP8_DTYPES
 # Partial maxima of the dynamic per-tensor scale: one slot per block of the absmax pass (its grid is
-# capped by it), and on CUDA a last one for the three-kernel path's division certificate.
+# capped by it).
 WORKSPACE_SIZE = 1024
 # CUDA dynamic per-tensor path: "auto" (up to 64 KB of input one launch of the per-token kernel on the
 # tensor as one row; beyond twice the GPU's L2 size "three_kernels": absmax, scale, then the static
@@ -159,7 +159,7 @@ def _per_tensor_dynamic(
     input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
 ) -> None:
     """``algo``: 0 = auto (see ``_DYNAMIC_MODES``); CUDA only: 1 = the fused cooperative kernel,
-    2 = two kernels, 3 = three kernels. ``workspace``: float32, at least 2 elements."""
+    2 = two kernels, 3 = three kernels. ``workspace``: float32, at least 1 element."""
     scale.copy_(reference.per_tensor_scale(input, out.dtype).view(scale.shape))
     reference.quantize_into(input, scale, out)
 

@@ -4,18 +4,18 @@
 //     (x.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)
 // for the same fp32 scale tensor (true division, as torch does for a scale tensor on the device):
 //   * x / scale is the correctly rounded fp32 quotient. For scales in [2^-40, 2^40] it is computed
-//     from the correctly rounded reciprocal y = 1/scale by two Markstein corrections
-//     (q0 = x*y, q1 = q0 + (x - s*q0)*y, q = q1 + (x - s*q1)*y, fma residuals; the last step is
-//     exact by Markstein's theorem), which costs 1 mul + 4 fma instead of a full IEEE division.
-//     Quotients whose residuals could underflow are below 2^-60 (fp8 +-0, sign kept by copysign);
-//     |x*y| >= 2^100 saturates either way. Other scales (tiny, huge, <= 0, inf, NaN) use __fdiv_rn.
-//   * Dynamic bf16 quantize passes (three kernels, fused) stop after the first correction (1 mul +
-//     2 fma) where one_step_exact certified, for the scale at hand, that every bf16 value the op can
-//     see converts to the same fp8 byte that way (it checks the 2560-4480 values whose quotients
-//     reach fp8's rounding boundaries). The certificate held for every scale tried; where it does
-//     not, the pass uses the full division. On the H200 the quantize passes were compute-bound
-//     enough for this to matter: 16384x4096 bf16 dynamic 80.8-81.5 -> 79.0-79.4 us (three
-//     kernels), the fused kernel 86.1 -> 81.4 (its phase B mostly).
+//     from the correctly rounded reciprocal y = 1/scale by Markstein corrections (q0 = x*y,
+//     q1 = q0 + (x - s*q0)*y, q2 = q1 + (x - s*q1)*y, fma residuals): fp32 inputs take both (the
+//     last step is exact by Markstein's theorem), 1 mul + 4 fma instead of a full IEEE division;
+//     bf16 and fp16 inputs (at most 11 significant bits) stop at q1, which for them is already the
+//     correctly rounded quotient: checked exhaustively, every bf16 and fp16 significand against
+//     every fp32 significand of the scale (in that range the exponents scale every step exactly;
+//     tests/plugins/test_quant_fp8.py repeats the check for bf16 on the CPU). Quotients whose
+//     residuals could underflow are below 2^-60 (fp8 +-0, sign kept by copysign); |x*y| >= 2^100
+//     saturates either way. Other scales (tiny, huge, <= 0, inf, NaN) use __fdiv_rn. On the H200
+//     the one step made the dynamic op's quantize passes faster: 16384x4096 bf16 80.8-81.5 -> 79.0-79.4
+//     us (three kernels), the fused kernel 86.1 -> 81.4 (its phase B mostly); per-token 4-11%
+//     faster, the static op up to 4% (bf16, 4096 wide).
 //   * clamp + round-to-nearest-even = the hardware cvt.rn.satfinite (saturation to +-max is the
 //     clamp; NaN stays NaN: 0x7F, as torch's conversion of the canonical NaN the GPU produces).
 // Dynamic scale = max(absmax / fp8_max, 2^-126) in fp32 (true division): an all-zero tensor gets a
@@ -53,9 +53,9 @@
 //      with the partials reduced by every warp after its loads are issued, 1-35% slower.)
 //
 // Per-tensor dynamic, inputs of more than QUANT_FP8_FINALIZE_MIN_L2S times the L2 size ("three
-// kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale
-// (and stores one_step_exact's verdict in the workspace's last element), then the static kernel
-// below on chunks taken last chunk first (the absmax pass's tail is still in L2). On the H200:
+// kernels"): the absmax pass above, a one-block kernel that reduces its partial maxima to the scale,
+// then the static kernel below on chunks taken last chunk first (the absmax pass's tail is still in
+// L2). On the H200:
 // 65536x4096 bf16 320.3 -> 308.0 us, 16384x4096 81.9 -> 80.6; at 8192x4096 (64 MB, about the L2
 // size) 1% slower, at 1024x4096 10% (the third launch). Profiled there at
 // 16384x4096 (kernels serialized by the profiler): absmax 33.5 us, finalize 2.1, quantize pass 48.7,
@@ -66,11 +66,13 @@
 // faster, noise; a quantize pass of 4 vectors a lane instead of 16: 2-5% slower.
 //
 // Per-tensor static: the per-token kernel's layout with the scale given: the tensor is cut into
-// chunks of 32 * N vectors (N = 1, 4 or 16: the largest that still gives about
+// chunks of 32 * N vectors (N = 1, 4 or 8: the largest that still gives about
 // QUANT_FP8_CHUNK_THREADS_PER_SM threads per SM), a warp per chunk holding it in registers; every
 // load is issued before the scale's, so the two latencies overlap. On the H200 this measured
 // 186.6 us at 65536x4096 bf16 (the persistent grid-stride pass of the dynamic op: 210.9) and
-// 1.22 us at 1x4096 (1.77).
+// 1.22 us at 1x4096 (1.77). N = 8 (59 registers, 8 blocks of 128 threads per SM) instead of 16
+// (102, 5 blocks): 4096x4096 15.1 -> 14.4 us, 16384x4096 49.6 -> 48.9, the dynamic op's quantize
+// pass at 16384x4096 79.2 -> 78.2; 65536x4096 equal.
 // Vectors are carried as raw words (uint4), not arrays of 16-bit objects: copying those cost byte
 // permutes right after each load, and the loads were then issued one at a time.
 // The cooperative single-launch kernel (SGLJIT_QUANT_FP8_DYNAMIC=fused, sm_90+, 16-byte aligned;
@@ -78,7 +80,8 @@
 // each block's last chunks kept on chip across the grid barrier, the ring's tail kept in L2. "auto"
 // takes it for bf16 from QUANT_FP8_FUSED_MIN_L2_PCT (25) % of the L2 size up to the three-kernel
 // sizes: with the one-step division, on the H200, 2048x4096 12.3 us (two kernels 12.5), 4096x4096
-// 20.9 (22.6), 8192x4096 40.5 (42.4); at 1024x4096 8.6 (7.9), 16384x4096 81.4-82.5 (three kernels
+// 20.9 (22.6), 8192x4096 40.5 (42.4); launched with PDL as well 11.1, 19.3, 39.0 (without, in the
+// same runs: 11.8, 20.1, 40.0); at 1024x4096 8.6 (7.9), 16384x4096 81.4-82.5 (three kernels
 // 79.2). With the full division it was 3-13% slower than auto from 1024x4096 to 65536x4096
 // bf16 (16384x4096: 85.9-86.4 us vs 80.8-81.3), with 3 stages of 32 KB, its best ring (6 stages of
 // 16 KB, 5 or 6 of 32 KB, 1024 threads: slower). Keeping 20% of L2 instead of 45 made 16384x4096
@@ -132,8 +135,8 @@
 #ifndef QUANT_FP8_ABSMAX_UNROLL  // 16-byte loads in flight per thread in the absmax pass
 #define QUANT_FP8_ABSMAX_UNROLL 8
 #endif
-#ifndef QUANT_FP8_ABSMAX_THREADS
-#define QUANT_FP8_ABSMAX_THREADS 512
+#ifndef QUANT_FP8_ABSMAX_THREADS  // 1024: one block per SM (62 registers), so 132 partial maxima on
+#define QUANT_FP8_ABSMAX_THREADS 1024  // the H200; 512 (2 blocks, 264): 16384x4096 bf16 0.6-1 us slower
 #endif
 #ifndef QUANT_FP8_QUANT_UNROLL  // vectors in flight per thread in the dynamic op's quantize pass
 #define QUANT_FP8_QUANT_UNROLL 4
@@ -156,6 +159,9 @@
 #ifndef QUANT_FP8_CHUNK_THREADS_PER_SM  // static: threads per SM the chunk-size choice aims at
 #define QUANT_FP8_CHUNK_THREADS_PER_SM 512  // (1024x4096 bf16: 4 vectors a lane, 5.59 -> 5.28 us vs 1024)
 #endif
+#ifndef QUANT_FP8_CHUNK_MAX_N  // static: the most vectors a lane holds (16: 4% slower at 4096x4096 bf16)
+#define QUANT_FP8_CHUNK_MAX_N 8
+#endif
 #ifndef QUANT_FP8_L2_KEEP_PCT  // the absmax pass's tail kept in L2 for the quantize pass, % of L2
 #define QUANT_FP8_L2_KEEP_PCT 45
 #endif
@@ -165,7 +171,7 @@
 #ifndef QUANT_FP8_ONE_ROW_BYTES  // dynamic per-tensor (auto): inputs up to this size take one launch
 #define QUANT_FP8_ONE_ROW_BYTES 65536
 #endif
-#ifndef QUANT_FP8_ONE_STEP  // dynamic bf16: one Markstein step where certified per scale (one_step_exact)
+#ifndef QUANT_FP8_ONE_STEP  // bf16/fp16 inputs: one Markstein step (the correctly rounded quotient for them)
 #define QUANT_FP8_ONE_STEP 1
 #endif
 #ifndef QUANT_FP8_TOKEN_THREADS_PER_SM  // per-token: threads per SM the lanes-per-row choice aims at
@@ -184,13 +190,11 @@ struct Fp8;
 template <>
 struct Fp8<fp8_e4m3_t> {
   static constexpr float kMax = 448.0f;
-  static constexpr float kLowestMidpoint = 0x1p-10f;  // between 0 and the smallest subnormal
   static constexpr __nv_fp8_interpretation_t kKind = __NV_E4M3;
 };
 template <>
 struct Fp8<fp8_e5m2_t> {
   static constexpr float kMax = 57344.0f;
-  static constexpr float kLowestMidpoint = 0x1p-17f;
   static constexpr __nv_fp8_interpretation_t kKind = __NV_E5M2;
 };
 
@@ -207,11 +211,11 @@ SGLJIT_DEVICE float scale_from_absmax(uint32_t bits, float fp8_max) {
   return s < kMinScale ? kMinScale : s;  // NaN compares false: stays NaN
 }
 
-// How Divider computes x / s: kDivide (__fdiv_rn, any scale) and kMarkstein (fast scales) give the
-// correctly rounded fp32 quotient; kOneStep, the first Markstein step only (4 operations instead
-// of 8), only where one_step_exact certified that it converts to the same fp8 byte as the correctly
-// rounded quotient for every input the op can see.
-enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2 };
+// How Divider computes x / s: kDivide (__fdiv_rn, any scale); for fast scales, kMarkstein (two
+// steps: any fp32 x) and kOneStep (one step: 16-bit x; see the top of the file), both the
+// correctly rounded quotient; kOneStepBounded, kOneStep without the guard for huge quotients, NaN and
+// inf, where |x / s| <= fp8_max is known (a dynamic scale from x's own absmax).
+enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2, kOneStepBounded = 3 };
 
 struct Divider {
   float s, y;
@@ -221,10 +225,15 @@ struct Divider {
   // x / s as kMode says (see the top of the file).
   template <int kMode>
   SGLJIT_DEVICE float operator()(float x) const {
-    if constexpr (kMode == kOneStep) {
+    if constexpr (kMode == kOneStep || kMode == kOneStepBounded) {
       const float q0 = __fmul_rn(x, y);
       // (copysign: an exactly cancelling sum would be +0 for a tiny negative x)
-      return copysignf(__fmaf_rn(__fmaf_rn(-q0, s, x), y, q0), x);
+      const float q1 = copysignf(__fmaf_rn(__fmaf_rn(-q0, s, x), y, q0), x);
+      if constexpr (kMode == kOneStepBounded) {
+        return q1;
+      } else {
+        return fabsf(q0) < 0x1p100f ? q1 : q0;  // NaN, inf, huge: q0
+      }
     } else if constexpr (kMode == kMarkstein) {
       const float q0 = __fmul_rn(x, y);
       const float r0 = __fmaf_rn(-q0, s, x);
@@ -439,33 +448,11 @@ SGLJIT_DEVICE float scale_from_partials(const uint32_t* partial, int n, uint32_t
   return scale_from_absmax(block_reduce_max_u32(m, red), Fp8<Q>::kMax);
 }
 
-// Whether kOneStep (q0 = x * y, q1 = q0 + (x - s * q0) * y, y = 1/s) converts to the same fp8 byte
-// as the correctly rounded x / s for every input the dynamic op can see (finite bf16 with |x| <=
-// absmax, so |x / s| <= fp8_max): checked on every bf16 value whose quotient lies in
-// [kLowestMidpoint / 2, 2 * kMax) (2560 values for e4m3, 4480 for e5m2); below that, both quotients
-// convert to +-0. One step leaves the quotient within about an ulp, so only quotients right next to
-// an fp8 rounding boundary could differ: on the CPU no dynamic scale failed (the scales of all 384
-// bf16 absmax values in [1, 8), both formats), where the product x * y alone failed for 20% of
-// them (quotients that are exactly fp8 subnormal midpoints). Only bf16 (fp16 has 8x the values to
-// check, fp32 far more) and fast scales. Every thread of the block calls it; all get the verdict.
-template <typename T, typename Q>
-SGLJIT_DEVICE bool one_step_exact(float s) {
-  if constexpr (!QUANT_FP8_ONE_STEP || !std::is_same_v<T, bf16_t>) {
-    return false;
-  } else {
-    if (!Divider::fast(s)) return false;  // uniform across the block
-    const Divider div(s);
-    // bf16 bit patterns of x = s * q for q in [kLowestMidpoint / 2, 2 * kMax) (powers of two: exact)
-    const uint32_t lo = __float_as_uint(s * (Fp8<Q>::kLowestMidpoint * 0.5f)) >> 16;
-    const uint32_t hi = min((__float_as_uint(s * (Fp8<Q>::kMax * 2.0f)) >> 16) + 1u, 0x7f80u);
-    bool same = true;
-    for (uint32_t p = lo + threadIdx.x; p < hi; p += blockDim.x) {
-      const float x = __uint_as_float(p << 16);
-      same &= to_fp8<Q>(div.template operator()<kOneStep>(x)) == to_fp8<Q>(div.template operator()<kMarkstein>(x));
-    }
-    return __syncthreads_and(same) != 0;
-  }
-}
+// The correctly rounded division for fast scales (Divider::fast) of T's inputs: one Markstein step
+// for 16-bit inputs, two for fp32. kBounded: |x / s| <= fp8_max for every input (a dynamic scale).
+template <typename T, bool kBounded>
+inline constexpr int kFastQuotient =
+    sizeof(T) == 4 || !QUANT_FP8_ONE_STEP ? kMarkstein : kBounded ? kOneStepBounded : kOneStep;
 
 // ------------------------------------------------------------------------------------------------
 // Per-tensor quantize pass (the second kernel of the dynamic op): grid-stride over
@@ -568,7 +555,7 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
   const Divider div(s);
   if (Divider::fast(s)) {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kMarkstein>(in, out, div, numel);
+    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kFastQuotient<T, true>>(in, out, div, numel);
   } else {
     quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kDivide>(in, out, div, numel);
   }
@@ -599,8 +586,8 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
 #ifndef QUANT_FP8_FUSED_L2_PCT  // % of L2 phase A reads evict-last (re-read first by phase B)
 #define QUANT_FP8_FUSED_L2_PCT 45
 #endif
-#ifndef QUANT_FP8_FUSED_PDL  // launch the cooperative kernel with PDL too
-#define QUANT_FP8_FUSED_PDL 0
+#ifndef QUANT_FP8_FUSED_PDL  // launch the cooperative kernel with PDL too (H200: 2048-8192x4096 bf16
+#define QUANT_FP8_FUSED_PDL 1  // 2.6-6% faster)
 #endif
 // Diagnostics only (never on by default: it overwrites the output): each block records %globaltimer
 // at its phase boundaries and, after a last grid barrier, writes the 8 stamps as u64 over the
@@ -748,10 +735,8 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
       }
     }
   };
-  if (one_step_exact<T, Q>(s)) {
-    phase_b(std::integral_constant<int, kOneStep>{});
-  } else if (Divider::fast(s)) {
-    phase_b(std::integral_constant<int, kMarkstein>{});
+  if (Divider::fast(s)) {
+    phase_b(std::integral_constant<int, kFastQuotient<T, true>>{});
   } else {
     phase_b(std::integral_constant<int, kDivide>{});
   }
@@ -770,6 +755,8 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
 // vectors re-reads the remainder), max over the row's lanes, scale, quantize from registers.
 
 inline constexpr int kTokenMaxVecs = 16;
+inline constexpr int kChunkMaxN = QUANT_FP8_CHUNK_MAX_N;  // per-tensor chunks: 32 * N vectors, N in 1, 4, this
+static_assert(kChunkMaxN > 4 && kChunkMaxN <= kTokenMaxVecs, "QUANT_FP8_CHUNK_MAX_N: above 4, at most 16");
 
 // N = 16 needs 64 registers of data per thread (bf16/fp16/fp32 alike): at most 512 threads a block.
 template <int N>
@@ -807,12 +794,10 @@ SGLJIT_DEVICE void token_quant_slow(const T* row_in, uint8_t* row_out, int nvr, 
 // Three kernels (see the top of this file): one block reduces the absmax kernel's partial maxima to
 // the scale, so the quantize pass can be the static kernel below (walking backwards) instead of a
 // pass whose every block reduces the partials itself.
-// It also stores one_step_exact's verdict for the quantize pass to *one_step_ok.
-inline constexpr int kFinalizeThreads = QUANT_FP8_ONE_STEP ? 1024 : 256;
-template <typename T, typename Q>
+inline constexpr int kFinalizeThreads = 256;
+template <typename Q>
 __global__ __launch_bounds__(kFinalizeThreads) void per_tensor_finalize_kernel(const uint32_t* __restrict__ partial,
-                                                                  int num_partial, float* __restrict__ scale,
-                                                                  uint32_t* __restrict__ one_step_ok) {
+                                                                               int num_partial, float* __restrict__ scale) {
   // Trigger first: the quantize pass's blocks take SMs as the absmax pass drains and wait there
   // (their pdl_wait returns once this kernel is done) instead of launching after this one's wait.
   // On the H200 0.1-0.4% faster at 16384x4096 and 65536x4096, within noise.
@@ -820,11 +805,7 @@ __global__ __launch_bounds__(kFinalizeThreads) void per_tensor_finalize_kernel(c
   pdl_wait();
   __shared__ uint32_t red[32];
   const float s = scale_from_partials<Q>(partial, num_partial, red);
-  const bool one_step = one_step_exact<T, Q>(s);
-  if (threadIdx.x == 0) {
-    *scale = s;
-    *one_step_ok = one_step;
-  }
+  if (threadIdx.x == 0) *scale = s;
 }
 
 // Where a rows kernel's scale comes from.
@@ -841,7 +822,6 @@ struct RowsArgs {
   uint8_t* out;
   int64_t out_stride;
   float* scales;
-  const uint32_t* one_step_ok;  // kGiven*: where non-null and non-zero, the quantize uses kOneStep
   int64_t num_rows;
   int64_t hidden;       // elements of every row but the last
   int64_t last_hidden;  // elements of the last row (per-tensor: the rest of the tensor)
@@ -888,7 +868,6 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
 
   uint32_t m = 0;
   float s;
-  bool one_step = false;
   if constexpr (kFrom == ScaleFrom::kRowMax) {
     AbsMax<T, VEC> acc;
     if (nvr > 0) {
@@ -919,16 +898,15 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   } else {  // kGiven, kGivenBackwards
     // The row's loads are already in flight: the scale's latency overlaps them.
     s = __ldcg(a.scales);  // L2: may have been written by the kernel just before (PDL)
-    if constexpr (QUANT_FP8_ONE_STEP) one_step = a.one_step_ok != nullptr && __ldcg(a.one_step_ok) != 0;
   }
   if (!valid) return;
 
   const Divider div(s);
   uint8_t* row_out = a.out + row * a.out_stride;
-  if (QUANT_FP8_ONE_STEP && one_step) {
-    token_quant<T, Q, VEC, N, kOneStep>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
-  } else if (Divider::fast(s)) {
-    token_quant<T, Q, VEC, N, kMarkstein>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
+  if (Divider::fast(s)) {
+    // (a scale computed from these rows' own absmax bounds every quotient by fp8_max)
+    constexpr int kMode = kFastQuotient<T, kFrom != ScaleFrom::kGiven>;
+    token_quant<T, Q, VEC, N, kMode>(x, row_in, row_out, nvr, lane, P, div, m >> 31);
   } else {
     token_quant_slow<T, Q, VEC>(row_in, row_out, nvr, lane, P, div);
   }
@@ -1008,8 +986,8 @@ struct QuantFp8 {
   }
 
   // out = quantize(input / s), scale[0] = s = max(absmax(input) / fp8_max, 2^-126).
-  // workspace: float32, one element per block and one more (the grid is capped by its size; its
-  // content does not matter: it is overwritten).
+  // workspace: float32, one element per block (the grid is capped by its size; its content does not
+  // matter: it is overwritten).
   // algo: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
   // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, for bf16 the fused kernel from
   // QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up to there, else two kernels), 1 = the fused
@@ -1022,8 +1000,8 @@ struct QuantFp8 {
     check_scale(scale, "scale", dev);
     check_dtype(workspace, "workspace", DTypeTrait<float>::value);
     check_device(workspace, "workspace", dev);
-    RuntimeCheck(workspace.IsContiguous() && workspace.numel() >= 2,
-                 "workspace: expected a contiguous tensor of at least 2 elements");
+    RuntimeCheck(workspace.IsContiguous() && workspace.numel() > 0,
+                 "workspace: expected a non-empty contiguous tensor");
     RuntimeCheck(algo >= 0 && algo <= 3, "algo: expected 0 (auto), 1 (fused), 2 (two kernels) or 3 (three kernels), got ",
                  algo);
     const T* x = static_cast<const T*>(input.data_ptr());
@@ -1056,7 +1034,7 @@ struct QuantFp8 {
     uint32_t* ws = static_cast<uint32_t*>(workspace.data_ptr());
     const int64_t nv = numel / VEC;
     const int64_t l2 = l2_bytes(dev.device_id), bytes = numel * int64_t(sizeof(T));
-    // auto: bf16 (its quantize takes kOneStep) from QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up
+    // auto: bf16 (measured with the one step) from QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up
     // to the three-kernel sizes
     const bool fused_auto = std::is_same_v<T, bf16_t> && QUANT_FP8_ONE_STEP && algo == 0 &&
                             bytes > l2 * QUANT_FP8_FUSED_MIN_L2_PCT / 100 && bytes <= l2 * QUANT_FP8_FINALIZE_MIN_L2S;
@@ -1070,21 +1048,19 @@ struct QuantFp8 {
     constexpr auto absmax = per_tensor_absmax_kernel<T, VEC>;
     constexpr auto quant = per_tensor_dynamic_quant_kernel<T, Q, VEC>;
     constexpr int kAbsThreads = QUANT_FP8_ABSMAX_THREADS, kQuantThreads = QUANT_FP8_QUANT_THREADS;
-    // (the workspace's last element takes the finalize kernel's one_step_exact verdict)
-    const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel() - 1);
-    uint32_t* one_step_ok = ws + workspace.numel() - 1;
+    const int64_t grid_a = persistent_grid<absmax, kAbsThreads>(dev.device_id, nv, workspace.numel());
     const int64_t keep_from =
         bytes <= l2 * QUANT_FP8_L2_KEEP_MAX_L2S ? nv - l2 * QUANT_FP8_L2_KEEP_PCT / 100 / kVecBytesHere : nv;
     // The prefetch measured 7.5% faster for 8 MB (1024x4096 bf16), 1-4% slower from 128 MB.
     const bool prefetch = QUANT_FP8_PREFETCH_L2 && bytes <= l2 / 2;
+    const bool three = algo == 3 || (algo == 0 && bytes > l2 * QUANT_FP8_FINALIZE_MIN_L2S);
     LaunchKernel(absmax, dim3(grid_a), dim3(kAbsThreads), 0, dev, "per_tensor_quant_fp8 (absmax)")
         .pdl()(x, ws, numel, keep_from, prefetch);
-    const bool three = algo == 3 || (algo == 0 && bytes > l2 * QUANT_FP8_FINALIZE_MIN_L2S);
     if (three) {
-      LaunchKernel(per_tensor_finalize_kernel<T, Q>, dim3(1), dim3(kFinalizeThreads), 0, dev,
+      LaunchKernel(per_tensor_finalize_kernel<Q>, dim3(1), dim3(kFinalizeThreads), 0, dev,
                    "per_tensor_quant_fp8 (finalize)")
-          .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s, one_step_ok);
-      per_tensor_rows<VEC, ScaleFrom::kGivenBackwards>(x, o, s, numel, dev, one_step_ok);
+          .pdl()(static_cast<const uint32_t*>(ws), int(grid_a), s);
+      per_tensor_rows<VEC, ScaleFrom::kGivenBackwards>(x, o, s, numel, dev);
     } else {
       const int64_t grid_q = persistent_grid<quant, kQuantThreads>(dev.device_id, nv, INT32_MAX);
       LaunchKernel(quant, dim3(grid_q), dim3(kQuantThreads), 0, dev, "per_tensor_quant_fp8 (quantize)")
@@ -1197,21 +1173,19 @@ struct QuantFp8 {
   }
 
   // Static scale: the tensor as rows ("chunks") of 32 * N vectors, a warp each, quantized with
-  // scales[0]. N (1, 4, 16) is the largest that still gives about QUANT_FP8_CHUNK_THREADS_PER_SM
-  // threads per SM.
+  // scales[0]. N (1, 4, kChunkMaxN) is the largest that still gives about
+  // QUANT_FP8_CHUNK_THREADS_PER_SM threads per SM.
   template <int VEC, ScaleFrom kFrom = ScaleFrom::kGiven>
-  static void per_tensor_rows(const T* x, uint8_t* o, float* s, int64_t numel, DLDevice dev,
-                              const uint32_t* one_step_ok = nullptr) {
+  static void per_tensor_rows(const T* x, uint8_t* o, float* s, int64_t numel, DLDevice dev) {
     const int64_t nv = numel / VEC;
     const int64_t warps = int64_t(num_sms(dev.device_id)) * QUANT_FP8_CHUNK_THREADS_PER_SM / 32;
-    const int64_t N = nv >= 16 * 32 * warps ? 16 : nv >= 4 * 32 * warps ? 4 : 1;
+    const int64_t N = nv >= kChunkMaxN * 32 * warps ? kChunkMaxN : nv >= 4 * 32 * warps ? 4 : 1;
     const int64_t chunk = 32 * N * VEC;
     RowsArgs<T> a{};
     a.in = x;
     a.out = o;
     a.in_stride = a.out_stride = a.hidden = chunk;
     a.scales = s;
-    a.one_step_ok = one_step_ok;
     a.num_rows = div_ceil<int64_t>(numel, chunk);
     a.last_hidden = numel - (a.num_rows - 1) * chunk;
     a.P = 32;
@@ -1220,18 +1194,18 @@ struct QuantFp8 {
   }
 
   // Launches rows_kernel with N vectors per lane: per-token instantiates N = 1, 2, 4, 8, 16, the
-  // per-tensor chunks only 1, 4, 16 (compile time); N is one of them.
+  // per-tensor chunks only 1, 4 and kChunkMaxN (compile time); N is one of them.
   template <int VEC, ScaleFrom kFrom>
   static void launch_rows(const RowsArgs<T>& a, int64_t N, DLDevice dev, const char* name) {
     if constexpr (kFrom == ScaleFrom::kRowMax) {
-      launch_rows_n<VEC, kFrom, 1, 2, 4, 8>(a, N, dev, name);
+      launch_rows_n<VEC, kFrom, kTokenMaxVecs, 1, 2, 4, 8>(a, N, dev, name);
     } else {
-      launch_rows_n<VEC, kFrom, 1, 4>(a, N, dev, name);
+      launch_rows_n<VEC, kFrom, kChunkMaxN, 1, 4>(a, N, dev, name);
     }
   }
 
-  // The kernel for the first of kSmallN equal to N, else for N = kTokenMaxVecs.
-  template <int VEC, ScaleFrom kFrom, int... kSmallN>
+  // The kernel for the first of kSmallN equal to N, else for N = kLargestN.
+  template <int VEC, ScaleFrom kFrom, int kLargestN, int... kSmallN>
   static void launch_rows_n(const RowsArgs<T>& a, int64_t N, DLDevice dev, const char* name) {
     const int threads = std::max(a.P, 128);
     const int64_t grid = div_ceil<int64_t>(a.num_rows, threads / a.P);
@@ -1240,7 +1214,7 @@ struct QuantFp8 {
     args.prefetch = QUANT_FP8_PREFETCH_L2 && grid <= num_sms(dev.device_id);
     auto launch = [&](auto kernel) { LaunchKernel(kernel, dim3(grid), dim3(threads), 0, dev, name).pdl()(args); };
     const bool small = ((N == kSmallN && (launch(rows_kernel<T, Q, VEC, kSmallN, kFrom>), true)) || ...);
-    if (!small) launch(rows_kernel<T, Q, VEC, kTokenMaxVecs, kFrom>);
+    if (!small) launch(rows_kernel<T, Q, VEC, kLargestN, kFrom>);
   }
 };
 
