@@ -508,6 +508,24 @@ def test_cuda_dynamic_bad_algo(algo):
 
 @needs_gpu
 @pytest.mark.gpu
+def test_cuda_dynamic_bad_workspace():
+    # The private op's workspace is checked in C++ before any launch: float32, contiguous, non-empty.
+    x = _data((4096,), torch.bfloat16, "cuda", seed=3)
+    out = _poisoned(x.shape, E4M3, "cuda")
+    scale = torch.full((1,), float("nan"), device="cuda")
+    bad = {
+        "empty": torch.empty(0, device="cuda"),
+        "int32": torch.zeros(8, dtype=torch.int32, device="cuda"),
+        "strided": torch.zeros(16, device="cuda")[::2],
+    }
+    for name, workspace in bad.items():
+        with pytest.raises(ValueError, match=r"workspace: "):
+            ops._per_tensor_dynamic(x, out, scale, workspace, DYNAMIC_MODES["two_kernels"])
+        assert torch.isnan(scale).all(), name  # nothing ran
+
+
+@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(FORCED_MODES.values()), ids=list(FORCED_MODES))
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
