@@ -197,7 +197,11 @@ def test_one_step_emulation_is_exact_and_can_fail():
     x = rng.integers(1 << 23, 1 << 24, 300) / 2.0**23 * 2.0 ** rng.integers(-2, 3, 300)
     s = rng.integers(1 << 23, 1 << 24, 300) / 2.0**23 * 2.0 ** rng.integers(-2, 3, 300)
 
-    def rn(v: Fraction) -> Fraction:  # nearest-even float32 of a positive rational (normal range)
+    def rn(v: Fraction) -> Fraction:  # nearest-even float32 of a rational (normal range)
+        if v < 0:
+            return -rn(-v)
+        if v == 0:
+            return v
         e = v.numerator.bit_length() - v.denominator.bit_length()
         e += 1 if Fraction(2) ** e <= v else 0
         ulp = Fraction(2) ** (e - 24)
@@ -209,7 +213,8 @@ def test_one_step_emulation_is_exact_and_can_fail():
         X, S = Fraction(xi), Fraction(si)
         y = rn(1 / S)
         q0 = rn(X * y)
-        assert Fraction(gi) == rn(q0 + (X - q0 * S) * y)
+        r = rn(X - q0 * S)
+        assert Fraction(gi) == rn(q0 + r * y)
     # it does tell a wrong quotient: the product alone (q0) is off for many bf16 dividends
     xb = _significands(8)[None, :]
     sb = (rng.integers(1 << 23, 1 << 24, 64) / 2.0**23)[:, None]
