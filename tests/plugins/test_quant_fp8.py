@@ -497,6 +497,15 @@ def _check_dynamic_mode(x: torch.Tensor, mode: int, fp8_dtype: torch.dtype) -> N
     assert_fp8_equal(out, want, exact_nan=True)
 
 
+def _check_per_token(x: torch.Tensor, fp8_dtype: torch.dtype) -> None:
+    """Runs the per-token op on ``x`` (on its device); scales and values must be bit-identical to
+    the reference."""
+    got, got_scales = sgljit.ops.per_token_quant_fp8(x, fp8_dtype=fp8_dtype)
+    want, want_scales = reference.per_token_quant_fp8(x, fp8_dtype)
+    assert torch.equal(got_scales, want_scales)
+    assert_fp8_equal(got, want, exact_nan=True)
+
+
 @needs_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", [-1, 4])
@@ -574,10 +583,7 @@ def test_cuda_quotients_near_fp8_boundaries(fp8_dtype):
             assert_fp8_equal(got, reference.quantize(x, scale, fp8_dtype), exact_nan=True)
     # per-token: each row's own scale is within a few ulps of the scale its values were made for
     rows = torch.stack([_near_boundaries(float(s), fp8_dtype, g) for s in scales]).cuda()
-    got, got_scales = sgljit.ops.per_token_quant_fp8(rows, fp8_dtype=fp8_dtype)
-    want, want_scales = reference.per_token_quant_fp8(rows, fp8_dtype)
-    assert torch.equal(got_scales, want_scales)
-    assert_fp8_equal(got, want, exact_nan=True)
+    _check_per_token(rows, fp8_dtype)
     # dynamic per-tensor, every path: 4.6M elements (18 MB)
     x = _near_boundaries(float(scales[0]), fp8_dtype, g).repeat(700).cuda()
     for mode in DYNAMIC_MODES.values():
@@ -609,10 +615,7 @@ def test_cuda_static_every_16bit_value(dtype, fp8_dtype):
         torch.randint(-reach, reach, (64, 1), generator=g)
     )
     rows = rows.to(dtype).cuda()
-    got, got_scales = sgljit.ops.per_token_quant_fp8(rows, fp8_dtype=fp8_dtype)
-    want, want_scales = reference.per_token_quant_fp8(rows, fp8_dtype)
-    assert torch.equal(got_scales, want_scales)
-    assert_fp8_equal(got, want, exact_nan=True)
+    _check_per_token(rows, fp8_dtype)
 
 
 @needs_gpu
@@ -685,10 +688,7 @@ def test_cuda_large(shape, fp8_dtype):
     got, s = sgljit.ops.per_tensor_quant_fp8(x, ws * 0.75, fp8_dtype=fp8_dtype)
     assert_fp8_equal(got, reference.quantize(x, ws * 0.75, fp8_dtype), exact_nan=True)
     del got
-    got, s = sgljit.ops.per_token_quant_fp8(x, fp8_dtype=fp8_dtype)
-    want, ws = reference.per_token_quant_fp8(x, fp8_dtype)
-    assert torch.equal(s, ws)
-    assert_fp8_equal(got, want, exact_nan=True)
+    _check_per_token(x, fp8_dtype)
 
 
 @needs_gpu
