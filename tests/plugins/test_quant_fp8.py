@@ -63,6 +63,11 @@ def _data(shape, dtype, device, seed=0, spread=True) -> torch.Tensor:
     return x.to(dtype).to(device)
 
 
+def _every_16bit(dtype: torch.dtype) -> torch.Tensor:
+    """All 65536 bit patterns of a 16-bit dtype (NaN, inf and subnormals included), on the CPU."""
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in FP8 else t.view(torch.int32)
 
@@ -150,7 +155,7 @@ def test_reference_matches_oracle(dtype, fp8_dtype):
 
 
 def test_reference_conversion_matches_oracle_on_every_bf16():
-    x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = _every_16bit(torch.bfloat16)
     x = x[x.float().isfinite()]
     for fp8_dtype in FP8:
         for s in (1.0, 0.37, 2.0**-20):
@@ -353,7 +358,7 @@ def test_exhaustive_conversion(backend, dtype, fp8_dtype):
     """Every 16-bit pattern (incl. NaN, inf, subnormals) through the static path at several
     scales, and the finite ones through the dynamic path, against PyTorch."""
     dev = _device(backend)
-    x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
+    x = _every_16bit(dtype).to(dev)
     for s in (1.0, 0.37, 3.0, 1 / 448, 2.0**-20, 1e-30, 7.5e4, 3e38, 0.0, -2.0):
         scale = torch.tensor([s], dtype=torch.float32, device=dev)
         got, _ = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, scale, fp8_dtype=fp8_dtype)
@@ -575,7 +580,7 @@ def test_cuda_quotients_near_fp8_boundaries(fp8_dtype):
     dynamic per-tensor path; and every bf16 pattern at 16 random scales."""
     g = torch.Generator().manual_seed(11)
     scales = torch.exp2(torch.empty(48, dtype=torch.float64).uniform_(-30, 30, generator=g)).float()
-    bf16_all = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).cuda()
+    bf16_all = _every_16bit(torch.bfloat16).cuda()
     for s in scales[:16]:
         scale = s.reshape(1).cuda()
         for x in (_near_boundaries(float(s), fp8_dtype, g).cuda(), bf16_all):
@@ -599,7 +604,7 @@ def test_cuda_static_every_16bit_value(dtype, fp8_dtype):
     correctly_rounded_quotient): every bit pattern (inf, NaN, subnormals included) at 160 scales:
     random significands over 2^-40..2^40 (the one-step range), its edges and just outside it."""
     g = torch.Generator().manual_seed(17)
-    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
+    every = _every_16bit(dtype).cuda()
     edges = torch.tensor([2.0**-40, 2.0**40, 2.0**-41, 2.0**41, 1.0, 3.0, 1e-30, 1e30, 2.0**-126])
     edges = torch.cat(
         [edges, edges.nextafter(torch.tensor(0.0)), edges.nextafter(torch.tensor(1e38))]
@@ -626,7 +631,7 @@ def test_cuda_dynamic_bf16_every_value_at_its_scale(fp8_dtype):
     for huge quotients: every finite bf16 value up to the absmax, for 12 absmax values, through
     every path."""
     g = torch.Generator().manual_seed(13)
-    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    every = _every_16bit(torch.bfloat16)
     every = every[every.float().isfinite()]
     for p in torch.randint(0x3000, 0x4F80, (12,), generator=g).tolist():
         absmax = torch.tensor([p], dtype=torch.int16).view(torch.bfloat16)
