@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -263,24 +262,40 @@ def test_header_edit_rebuilds_the_kernel(tmp_path):
         )
         x, out = torch.ones(16), torch.empty(16)
         mod.get_function("scale", SCALE_ARGS)(16, 16, x, out, 1.0, 16)
-        return mod.key, out
+        return out
 
-    key1, out1 = run()
+    out1 = run()
     header.write_text("#define FACTOR 3.0f\n")
-    key2, out2 = run()
-    assert key1 != key2
+    sgljit.clear_module_cache()
+    sycl._programs.clear()
+    out2 = run()
     assert out1.eq(2).all() and out2.eq(3).all()
+    # one key, two builds: the header reached through include_dirs is a recorded dependency
+    variants = list(Path(os.environ["SGLJIT_CACHE_DIR"]).glob("sycl/opencl-*/edit-*/*/"))
+    assert len({v.parent for v in variants}) == 1 and len(variants) == 2
 
 
 @needs_runtime
 @pytest.mark.sycl
-def test_bridge_key_follows_bridge_sources(tmp_path):
+def test_bridge_rebuilds_when_its_sources_change(tmp_path, monkeypatch):
+    """The bridge's key does not hold its folder's path (an installation can move); its recorded
+    dependencies decide: a copy loads the same build, an edited header gives a new one."""
     copy = tmp_path / "csrc"
     shutil.copytree(sycl.CSRC_DIR, copy)
-    original = sgljit.cache.cache_key(sycl.bridge_spec())
-    assert sgljit.cache.cache_key(sycl.bridge_spec(copy)) == original  # contents, not paths
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
+    sgljit.clear_module_cache()
+    assert sgljit.cache.cache_key(sycl.bridge_spec(copy)) == sgljit.cache.cache_key(
+        sycl.bridge_spec()
+    )
+    sgljit.cache.get_or_build(sycl.bridge_spec(copy))
+    sgljit.clear_module_cache()
+    sgljit.cache.get_or_build(sycl.bridge_spec())  # the installed sources: same files, same build
+    variants = list((tmp_path / "cache").glob("sycl/bridge/sycl_bridge-*/*/"))
+    assert len(variants) == 1
     (copy / "sycl_bridge.hpp").write_text((copy / "sycl_bridge.hpp").read_text() + "\n// edit\n")
-    assert sgljit.cache.cache_key(sycl.bridge_spec(copy)) != original
+    sgljit.clear_module_cache()
+    sgljit.cache.get_or_build(sycl.bridge_spec(copy))
+    assert len(list((tmp_path / "cache").glob("sycl/bridge/sycl_bridge-*/*/"))) == 2
 
 
 CHILD = textwrap.dedent(
@@ -297,8 +312,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def start_child(script: Path, kernel: Path, cache: Path) -> subprocess.Popen:
-    env = dict(os.environ, SGLJIT_CACHE_DIR=str(cache), SGLJIT_LOG="info")
+def start_child(script: Path, kernel: Path, cache: Path, **env_vars: str) -> subprocess.Popen:
+    env = dict(os.environ, SGLJIT_CACHE_DIR=str(cache), SGLJIT_LOG="info", **env_vars)
     return subprocess.Popen(
         [sys.executable, str(script), str(kernel)],
         env=env,
@@ -317,15 +332,24 @@ def finish(proc: subprocess.Popen) -> str:
 @needs_runtime
 @pytest.mark.sycl
 @pytest.mark.slow
-def test_fresh_process_reuses_the_bridge(tmp_path, kernels):
+def test_fresh_process_loads_bridge_and_kernels_from_disk(tmp_path, kernels):
     script = write(tmp_path, "child.py", CHILD)
     first = finish(start_child(script, kernels / "scale.hpp", tmp_path / "cache"))
-    assert "compiling sycl_bridge" in first
-    started = time.perf_counter()
-    second = finish(start_child(script, kernels / "scale.hpp", tmp_path / "cache"))
-    assert "compiling sycl_bridge" not in second, second
-    assert "compiling SYCL module scale_fp32_t" in second  # kernels: per process (runtime compiler)
-    print(f"warm child: {time.perf_counter() - started:.1f}s")
+    assert "compiling sycl_bridge" in first and "compiling SYCL module scale_fp32_t" in first
+    second = finish(
+        start_child(script, kernels / "scale.hpp", tmp_path / "cache", SGLJIT_NO_COMPILE="1")
+    )
+    assert "compiling" not in second, second  # the kernel's device binary came from the cache
+    [saved] = (tmp_path / "cache").glob("sycl/opencl-*/scale_fp32_t-*/*/scale_fp32_t.bin")
+    assert saved.read_bytes().startswith(b'{"format": "sgljit-sycl-opencl-binary-1"')
+    # a module never built is an error naming it and the command that prebuilds it
+    other = write(tmp_path / "other", "scale.hpp", SCALE.replace("* factor)", "* factor * 2)"))
+    proc = start_child(script, other, tmp_path / "cache", SGLJIT_NO_COMPILE="1")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert (
+        "NoCompileError" in err and "scale_fp32_t" in err and "sgljit build --backend sycl" in err
+    )
 
 
 @needs_runtime
@@ -383,11 +407,25 @@ def test_icpx_plan_key(kernels, tmp_path, monkeypatch):
     monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "spir64")
     assert plan(kernels).key != base
     monkeypatch.setenv("SGLJIT_SYCL_TARGETS", "intel_gpu_pvc")
-    # a header included from an include dir is part of the key (transitive headers)
+    # headers are recorded dependencies of a build, not part of the key; the key names include
+    # folders by role, so a moved installation keeps its key
     inc = write(tmp_path / "inc", "extra.h", "#define X 1\n").parent
     with_inc = plan(kernels, include_dirs=[inc]).key
+    assert with_inc != base
     (inc / "extra.h").write_text("#define X 2\n")
-    assert plan(kernels, include_dirs=[inc]).key != with_inc
+    assert plan(kernels, include_dirs=[inc]).key == with_inc
+    moved = tmp_path / "moved"
+    shutil.copytree(kernels, moved)
+    assert (
+        sycl.plan_icpx_build(
+            "scale",
+            "bf16_t",
+            sycl_files=[moved / "scale.hpp"],
+            extra_sycl_cflags=["-DSGLJIT_T=bf16_t"],
+        ).key
+        == base
+    )
+    assert "-MD" in plan(kernels).command  # icpx writes the depfile the cache records
 
 
 def test_icpx_plan_without_targets_falls_back_to_spir64(kernels, monkeypatch):
@@ -410,14 +448,9 @@ def test_icpx_generated_unit_compiles_in_the_sycl_front_end(kernels, monkeypatch
     tag_name = next(
         line.split()[2] for line in p.source.splitlines() if line.startswith("#define scale ")
     )
-    mod = sycl.SYCLModule(
-        p.name,
-        "rtc",
-        "icpx-unit-" + p.key,
-        sycl.bridge(),
-        source=p.source,
-        options=(f"-I{sycl.INCLUDE_DIR}", f"-I{sycl.CSRC_DIR}", "-DSGLJIT_T=bf16_t"),
-    )
+    options = (f"-I{sycl.INCLUDE_DIR}", f"-I{sycl.CSRC_DIR}", f"-I{kernels}", "-DSGLJIT_T=bf16_t")
+    rtc = sycl.RtcSource(p.source, options, options, {}, (tag_name,))
+    mod = sycl.SYCLModule(p.name, "rtc", "icpx-unit-" + p.key, sycl.bridge(), rtc=rtc)
     x = torch.randn(64, dtype=torch.bfloat16)
     out = torch.empty_like(x)
     mod.get_function(tag_name, SCALE_ARGS)(64, 64, x, out, 2.0, 64)

@@ -17,10 +17,11 @@ import os
 from typing import Any
 
 from ._version import __version__
-from .errors import CompileError, NoCompileError, PluginError, SgljitError
+from .errors import CacheError, CompileError, NoCompileError, PluginError, SgljitError
 from .jit_utils import cache_once, make_cpp_args
 
 __all__ = [
+    "CacheError",
     "CompileError",
     "NoCompileError",
     "PluginError",

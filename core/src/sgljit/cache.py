@@ -1,40 +1,56 @@
 """The module cache: one backend-neutral path from a build spec to a loaded module.
 
-    key → in-process memo → published folder → file lock → re-check → build in a private staging
-    folder → check it loads → publish by atomic rename
+    key → in-process memo → published variants (dependencies re-hashed, artifact verified) → file
+    lock → re-check → build in a private staging folder → check it loads → publish by atomic rename
 
-Layout: ``$SGLJIT_CACHE_DIR`` (default ``~/.cache/sgljit``) ``/<backend>/<arch>/<name>-<key>/``.
-The key covers everything that changes the binary: generated sources, the *contents* of every file
-in the include trees, flags, the compilers' identities, versions and target architectures. A
-published folder is never modified in place, so a running process never sees a half-written file,
-and a module that fails to load is moved aside and rebuilt. CUDA and SYCL both come through here.
+Layout: ``$SGLJIT_CACHE_DIR`` (default ``~/.cache/sgljit``) ``/<backend>/<arch>/<name>-<key>/<variant>/``.
+
+* The **key** hashes what is known before compiling: the generated sources, every flag (include
+  paths as given, with the folders a spec names in ``roots`` written by role so an installation can
+  move), the environment that steers the compilers, versions and target architectures.
+* A **variant** is one build of that key. Its manifest records the compilers' identities and every
+  file the compiler actually read (its own dependency output) with a sha256 each, as ccache's
+  direct mode does. A lookup re-hashes those files: a header edited anywhere — reached through a
+  ``-I`` flag, an absolute include, ``CPATH`` — makes the variant not match, and a build follows.
+  Nothing walks a folder, so a large source folder (or the cache inside it) costs nothing.
+* The artifact's sha256 is checked before it is loaded, and the variant's name is a hash of the
+  manifest's toolchain, dependencies and artifact hash, so a manifest cannot be edited to vouch for
+  another binary.
+
+A published folder is never modified in place, so a running process never sees a half-written file.
+CUDA, C++ and SYCL builds all come through here.
 
 Example (a spec is usually made by :func:`sgljit.load_jit` or :func:`sgljit.load_jit_sycl`)::
 
     spec = BuildSpec(backend="cpu", arch="host", name="demo", artifact="demo.so",
                      files={"demo.cc": src}, build=compile_into, load=tvm_ffi.load_module)
-    module = get_or_build(spec)
+    module = get_or_build(spec)     # build(folder) returns the files the compiler read
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
+import stat
+import tempfile
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import CompileError, NoCompileError
+from .errors import CacheError, CompileError, NoCompileError
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -44,33 +60,27 @@ __all__ = [
     "cache_key",
     "cache_root",
     "clear_module_cache",
+    "clear_stale",
     "get_or_build",
-    "published_dir",
+    "published_entries",
+    "read_depfile",
+    "verify_entry",
 ]
 
 logger = logging.getLogger("sgljit")
 
-# Files whose contents can change a build; anything else in an include tree (READMEs) is ignored.
-SOURCE_SUFFIXES = frozenset(
-    {
-        ".h",
-        ".hh",
-        ".hpp",
-        ".hxx",
-        ".cuh",
-        ".cu",
-        ".c",
-        ".cc",
-        ".cpp",
-        ".cxx",
-        ".inc",
-        ".inl",
-        ".def",
-    }
-)
 MANIFEST = "sgljit-manifest.json"
+MANIFEST_FORMAT = 2
 # Fingerprint entries that start with this name a compiler ("toolchain: nvcc <--version text>").
 TOOLCHAIN = "toolchain: "
+ABSENT = "absent"  # a compiler's identity where it is not installed (toolchain.ABSENT)
+OWNER = ".sgljit-owner"  # in a staging folder: "<host>\n<pid>\n" of the process building there
+# A waiter reports who holds the build lock after this long.
+REPORT_WAIT_AFTER_S = 10.0
+# Another host's staging folder (or a foreign lock holder) is presumed dead after this long.
+FOREIGN_STAGING_MAX_AGE_S = 24 * 3600.0
+# Characters ninja and the shell take unquoted in a path; other build folders get a safe alias.
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=,@%-]+")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -82,25 +92,30 @@ class BuildSpec:
         arch: folder under the backend ("9.0a", "host", ...).
         name: module name, safe as a file name.
         artifact: the file ``build`` produces inside the folder it is given.
-        files: generated files (name → text) written into the build folder before ``build`` runs.
-        inputs: files and folders whose contents are hashed into the key (sources, include trees).
-        fingerprint: flags, compiler identities, versions: anything else that changes the binary.
-            Compiler identities start with :data:`TOOLCHAIN`; where a compiler is not installed
-            (a production image running prebuilt kernels) any build of the same sources, flags and
-            versions is accepted, whichever compiler made it.
-        build: compiles inside the given folder; raises :class:`sgljit.CompileError`.
+        build: compiles inside the given folder (whose path is safe for ninja and the shell) and
+            returns the files the compiler read (its depfile); raises :class:`sgljit.CompileError`.
+            Files inside the folder (the generated sources) are covered by the key, not recorded.
         load: loads the artifact at the given path; raises on a bad binary.
+        files: generated files (name → text) written into the build folder before ``build`` runs.
+        fingerprint: flags, environment, versions: anything else that changes the binary.
+            Compiler identities start with :data:`TOOLCHAIN` (``"toolchain: <label> <identity>"``)
+            and belong to the variant, not the key; where a compiler is not installed (a
+            production image running prebuilt kernels) a build by any compiler of that label is
+            accepted.
+        roots: named folders (``{"source": Path(...)}``): a dependency under one is recorded
+            relative to it, so the cache stays valid when an installation moves. The fingerprint
+            should name include folders by role (``-I{source}``), not by path.
     """
 
     backend: str
     arch: str
     name: str
     artifact: str
-    build: Callable[[Path], None]
+    build: Callable[[Path], Iterable[str | os.PathLike] | None]
     load: Callable[[Path], Any]
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    inputs: tuple[Path, ...] = ()
     fingerprint: tuple[str, ...] = ()
+    roots: Mapping[str, Path] = dataclasses.field(default_factory=dict)
 
 
 def host_id() -> str:
@@ -113,65 +128,245 @@ def cache_root() -> Path:
     return Path(os.environ.get("SGLJIT_CACHE_DIR") or Path.home() / ".cache" / "sgljit")
 
 
-def _hash_tree(h: hashlib._Hash, path: Path) -> None:
-    if path.is_file():
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        return
-    if not path.is_dir():
-        raise FileNotFoundError(f"build input not found: {path}")
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
-        for name in sorted(files):
-            if os.path.splitext(name)[1] in SOURCE_SUFFIXES:
-                file = Path(root, name)
-                rel = file.relative_to(path).as_posix()
-                h.update(rel.encode() + b"\0" + file.read_bytes() + b"\0")
+# --------------------------------------------------------------------------------------------
+# Keys and manifests
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _digest(parts: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
+def _split_fingerprint(fingerprint: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+    """(entries of the key, {compiler label: identity})."""
+    flags, toolchain = [], {}
+    for part in fingerprint:
+        if part.startswith(TOOLCHAIN):
+            label, _, identity = part[len(TOOLCHAIN) :].partition(" ")
+            toolchain[label] = identity
+        else:
+            flags.append(part)
+    return flags, toolchain
+
+
+def _key(backend: str, arch: str, name: str, artifact: str, version: str, flags, files) -> str:
+    """The key from its parts; ``files`` maps generated file names to their sha256."""
+    parts = [backend, arch, name, artifact, version, *flags]
+    parts += [f"{n}={files[n]}" for n in sorted(files)]
+    return _digest(parts)[:20]
 
 
 def cache_key(spec: BuildSpec) -> str:
-    """Content hash of everything that goes into the binary (paths of inputs are not part of it,
-    so a cache built in one installation is valid in another with the same sources)."""
-    return _keys(spec)[1]
+    """The key of a spec: everything known before compiling (paths under ``roots`` excluded, so a
+    cache built in one installation is valid in another with the same sources)."""
+    flags, _ = _split_fingerprint(spec.fingerprint)
+    files = {n: _sha256(t.encode()) for n, t in spec.files.items()}
+    return _key(spec.backend, spec.arch, spec.name, spec.artifact, __version__, flags, files)
 
 
-def _keys(spec: BuildSpec) -> tuple[str, str]:
-    """(source key: everything but the compilers, full key: everything)."""
-    h = hashlib.sha256()
-    for part in (spec.backend, spec.arch, spec.name, spec.artifact, __version__):
-        h.update(part.encode() + b"\0")
-    for part in spec.fingerprint:
-        if not part.startswith(TOOLCHAIN):
-            h.update(part.encode() + b"\0")
-    for name in sorted(spec.files):
-        h.update(name.encode() + b"\0" + spec.files[name].encode() + b"\0")
-    for path in spec.inputs:
-        _hash_tree(h, Path(path))
-    source_key = h.hexdigest()[:20]
-    for part in spec.fingerprint:
-        if part.startswith(TOOLCHAIN):
-            h.update(part.encode() + b"\0")
-    return source_key, h.hexdigest()[:20]
+def _variant_name(toolchain: Mapping[str, str], deps: list[list[str]], artifact_sha: str) -> str:
+    parts = [f"{k}={toolchain[k]}" for k in sorted(toolchain)]
+    parts += [f"{p}={h}" for p, h in deps]
+    return _digest([*parts, artifact_sha])[:16]
 
 
-def _without_compiler(spec: BuildSpec) -> bool:
-    return any(p.startswith(TOOLCHAIN) and p.endswith(" absent") for p in spec.fingerprint)
+def group_dir(spec: BuildSpec, key: str | None = None) -> Path:
+    """The folder holding every variant of a spec's key."""
+    return cache_root() / spec.backend / spec.arch / f"{spec.name}-{key or cache_key(spec)}"
 
 
-def _any_build_of_sources(spec: BuildSpec, source_key: str) -> Path | None:
-    """A published build of the same sources by whatever compiler (used when none is installed)."""
-    for manifest in sorted(
-        (cache_root() / spec.backend / spec.arch).glob(f"{spec.name}-*/{MANIFEST}")
-    ):
-        try:
-            if json.loads(manifest.read_text()).get("source_key") == source_key:
-                return manifest.parent
-        except (OSError, ValueError):
+def published_entries(root: Path | None = None) -> list[Path]:
+    """Every published variant folder under a cache root."""
+    root = cache_root() if root is None else root
+    return sorted(m.parent for m in root.glob(f"*/*/*/*/{MANIFEST}"))
+
+
+def read_depfile(text: str) -> list[str]:
+    """The prerequisites of a Make-syntax depfile (``-MD``/``-MMD`` output), unescaped.
+
+    >>> read_depfile("a.o: a.cc /x/b\\\\ c.h \\\\\\n  /y/$$d.h\\n")
+    ['a.cc', '/x/b c.h', '/y/$d.h']
+    """
+    deps: list[str] = []
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    for line in text.splitlines():
+        _target, sep, rest = line.partition(": ")
+        if not sep:
             continue
+        word, i = "", 0
+        while i < len(rest):
+            c = rest[i]
+            if c == "\\" and i + 1 < len(rest) and rest[i + 1] in " #\\":
+                word += rest[i + 1]
+                i += 2
+                continue
+            if c == "$" and rest[i + 1 : i + 2] == "$":
+                word, i = word + "$", i + 2
+                continue
+            if c.isspace():
+                if word:
+                    deps.append(word)
+                word, i = "", i + 1
+                continue
+            word, i = word + c, i + 1
+        if word:
+            deps.append(word)
+    return deps
+
+
+# Per process: (path, size, mtime, ctime, inode) → sha256, for files settled on disk (see _hash_file).
+_hash_memo: dict[tuple, str] = {}
+# A file changed less than this long ago is hashed again: coarse file-system clocks can give an
+# edit the same mtime as the version read before it.
+_SETTLED_S = 2.0
+
+
+def _hash_file(path: str) -> str | None:
+    """sha256 of a regular file, or None when it is missing, unreadable or not a regular file
+    (a FIFO or a dangling link is never opened)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    token = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    known = _hash_memo.get(token)
+    if known is not None:
+        return known
+    try:
+        with open(path, "rb") as f:
+            digest = _sha256(f.read())
+    except OSError:
+        return None
+    if time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > _SETTLED_S:
+        _hash_memo[token] = digest
+    return digest
+
+
+def _portable(path: str, roots: Mapping[str, Path]) -> str:
+    """``{root}/relative`` for a path under one of ``roots`` (the deepest), else the path."""
+    best = None
+    for role, folder in roots.items():
+        folder_s = str(folder).rstrip("/")
+        if path.startswith(folder_s + "/") and (best is None or len(folder_s) > len(best[1])):
+            best = (role, folder_s)
+    if best is None:
+        return path
+    return "{" + best[0] + "}" + path[len(best[1]) :]
+
+
+def _resolve(recorded: str, roots: Mapping[str, Path]) -> str | None:
+    if not recorded.startswith("{"):
+        return recorded
+    role, _, rest = recorded[1:].partition("}")
+    folder = roots.get(role)
+    return None if folder is None else str(folder).rstrip("/") + rest
+
+
+def _record_deps(
+    paths: Iterable[str | os.PathLike], build_dirs: tuple[str, ...], roots: Mapping[str, Path]
+) -> list[list[str]]:
+    """[[portable path, sha256], ...] of the files a build read, sorted, without the build's own."""
+    recorded: dict[str, str] = {}
+    for p in paths:
+        path = os.path.normpath(os.path.join(build_dirs[0], os.fspath(p)))
+        if any(path == d or path.startswith(d + "/") for d in build_dirs):
+            continue  # a generated file: its text is in the key
+        digest = _hash_file(path)
+        if digest is None:
+            continue  # gone since, or not a regular file: nothing to compare against later
+        recorded[_portable(path, roots)] = digest
+    return [[p, recorded[p]] for p in sorted(recorded)]
+
+
+def _deps_problem(deps: list[list[str]], roots: Mapping[str, Path]) -> str | None:
+    """Why recorded dependencies no longer match the files on disk, or None when they all do."""
+    for recorded, digest in deps:
+        path = _resolve(recorded, roots)
+        if path is None:
+            return f"it was built from a folder this build does not name ({recorded})"
+        now = _hash_file(path)
+        if now is None:
+            return f"{path} is gone (or not a regular file)"
+        if now != digest:
+            return f"{path} changed since it was built"
     return None
 
 
-def published_dir(spec: BuildSpec, key: str | None = None) -> Path:
-    return cache_root() / spec.backend / spec.arch / f"{spec.name}-{key or cache_key(spec)}"
+def _toolchain_problem(built: Mapping[str, str], here: Mapping[str, str]) -> str | None:
+    for label, identity in here.items():
+        if identity == ABSENT:
+            continue  # no compiler here: any build of these sources by one is accepted
+        if built.get(label) != identity:
+            return f"it was built by another {label} ({(built.get(label) or '?').splitlines()[0]})"
+    return None
+
+
+def _read_manifest(folder: Path) -> dict:
+    data = json.loads((folder / MANIFEST).read_text())
+    if data.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"manifest format {data.get('format')}, expected {MANIFEST_FORMAT}")
+    return data
+
+
+def verify_entry(folder: Path) -> str | None:
+    """Why a published variant folder must not be used, or None when it is sound: its folder names
+    match the key and variant recomputed from its manifest, and the artifact's size and sha256
+    match the manifest (the bytes are read once)."""
+    try:
+        m = _read_manifest(folder)
+        key = _key(
+            m["backend"], m["arch"], m["name"], m["artifact"], m["sgljit"],
+            m["fingerprint"], m["files"],
+        )  # fmt: skip
+        variant = _variant_name(m["toolchain"], m["deps"], m["artifact_sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable manifest: {err}"
+    if folder.parent.name != f"{m['name']}-{key}":
+        return f"its folder is not named by the key its manifest describes ({m['name']}-{key})"
+    if folder.name != variant:
+        return f"its folder is not named by the variant its manifest describes ({variant})"
+    if (folder.parent.parent.parent.name, folder.parent.parent.name) != (m["backend"], m["arch"]):
+        return "its folder is not under its manifest's backend/arch"
+    try:
+        data = (folder / m["artifact"]).read_bytes()
+    except OSError as err:
+        return f"artifact unreadable: {err}"
+    if len(data) != m["artifact_bytes"] or _sha256(data) != m["artifact_sha256"]:
+        return "artifact does not match the size and sha256 recorded when it was built"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+def _cache_error(err: OSError, folder: Path, doing: str) -> CacheError:
+    """An sgljit error for a file-system failure: the folder, what was tried, what fixes it."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space there, or set SGLJIT_CACHE_DIR to a folder on another disk"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable and readable by this user, or set SGLJIT_CACHE_DIR to a folder that is"
+        if not os.environ.get("SGLJIT_CACHE_DIR"):
+            fix += " (the default, ~/.cache/sgljit, is under $HOME)"
+        fix += "; a read-only cache serves modules prebuilt into it with `sgljit build`"
+    else:
+        fix = "check the folder, or set SGLJIT_CACHE_DIR to another one"
+    return CacheError(
+        f"sgljit: cannot {doing} in the module cache at {folder}: {reason}. To fix: {fix}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Lookup
 
 
 _memo: dict[str, Any] = {}
@@ -185,12 +380,13 @@ def clear_module_cache() -> None:
 
     with _memo_guard:
         _memo.clear()
+    _hash_memo.clear()
     clear_cache_once()
 
 
 def get_or_build(spec: BuildSpec) -> Any:
     """Return the loaded module for ``spec``, building and publishing it on a miss."""
-    source_key, key = _keys(spec)
+    key = cache_key(spec)
     memo_key = f"{spec.backend}/{spec.arch}/{spec.name}-{key}"
     try:
         return _memo[memo_key]
@@ -200,163 +396,313 @@ def get_or_build(spec: BuildSpec) -> Any:
         lock = _memo_locks.setdefault(memo_key, threading.Lock())
     with lock:
         if memo_key not in _memo:
-            _memo[memo_key] = _load_or_build(spec, key, source_key)
+            _memo[memo_key] = _load_or_build(spec, key)
         return _memo[memo_key]
 
 
-def _check_artifact(folder: Path, artifact: Path) -> None:
-    """Refuse a binary whose size differs from what was published: dlopen of a truncated shared
-    object can crash the process (SIGBUS) instead of failing."""
+class _Found:
+    """The outcome of looking through a key's variants."""
+
+    def __init__(self) -> None:
+        self.module: Any = None
+        self.mismatches: list[str] = []  # why variants did not match (for SGLJIT_NO_COMPILE)
+        self.broken: list[tuple[Path, str]] = []  # variants that match but fail to verify or load
+
+
+def _variants(group: Path) -> list[Path]:
     try:
-        expected = json.loads((folder / MANIFEST).read_text())["artifact_bytes"]
-    except (OSError, ValueError, KeyError) as err:
-        raise RuntimeError(f"no readable {MANIFEST} beside it") from err
-    actual = artifact.stat().st_size
-    if actual != expected:
-        raise RuntimeError(f"{artifact.name} has {actual} bytes, {expected} were published")
+        entries = [e for e in os.scandir(group) if not e.name.startswith(".") and e.is_dir()]
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise _cache_error(err, group, "read the module's folder") from None
+    entries.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)  # newest first
+    return [Path(e.path) for e in entries]
 
 
-def _try_load(spec: BuildSpec, folder: Path) -> tuple[Any, Exception | None]:
-    artifact = folder / spec.artifact
-    if not artifact.exists():
-        return None, None
-    try:
-        _check_artifact(folder, artifact)
-        return spec.load(artifact), None
-    except Exception as err:  # a truncated or foreign binary: rebuilt below
-        return None, err
+def _find(spec: BuildSpec, group: Path) -> _Found:
+    found = _Found()
+    _, toolchain = _split_fingerprint(spec.fingerprint)
+    for folder in _variants(group):
+        try:
+            manifest = _read_manifest(folder)
+            problem = _toolchain_problem(manifest["toolchain"], toolchain) or _deps_problem(
+                manifest["deps"], spec.roots
+            )
+        except PermissionError as err:
+            raise _cache_error(err, folder, "read a built module") from None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            found.broken.append((folder, f"unreadable {MANIFEST} ({err})"))
+            continue
+        if problem:
+            found.mismatches.append(f"{folder.name}: {problem}")
+            continue
+        artifact = folder / spec.artifact
+        try:
+            data = artifact.read_bytes()
+        except PermissionError as err:
+            raise _cache_error(err, folder, "read a built module") from None
+        except OSError as err:
+            found.broken.append((folder, f"artifact unreadable ({err})"))
+            continue
+        if (
+            len(data) != manifest.get("artifact_bytes")
+            or _sha256(data) != manifest.get("artifact_sha256")
+            or folder.name
+            != _variant_name(manifest["toolchain"], manifest["deps"], manifest["artifact_sha256"])
+        ):
+            found.broken.append(
+                (folder, "its artifact does not match the sha256 it was built with")
+            )
+            continue
+        try:
+            found.module = spec.load(artifact)
+            return found
+        except Exception as err:  # a foreign binary (another GPU's, a broken runtime): rebuilt
+            found.broken.append((folder, f"failed to load ({err})"))
+    return found
 
 
-def _load_or_build(spec: BuildSpec, key: str, source_key: str) -> Any:
-    final = published_dir(spec, key)
-    module, _ = _try_load(spec, final)  # warm path: no lock, no compiler
-    if module is not None:
-        return module
-    if _without_compiler(spec):
-        other = _any_build_of_sources(spec, source_key)
-        if other is not None:
-            module, _ = _try_load(spec, other)
-            if module is not None:
-                return module
+def _no_compile(spec: BuildSpec, key: str, found: _Found) -> NoCompileError:
+    if spec.backend in ("cuda", "sycl"):
+        arch = f' --arch "{spec.arch.replace("_", " ")}"' if spec.backend == "cuda" else ""
+        how = f"with `sgljit build --backend {spec.backend}{arch}` (or unset SGLJIT_NO_COMPILE)"
+    else:  # host modules have no prebuild command: any run that may compile publishes them
+        how = "by running the same code once without SGLJIT_NO_COMPILE"
+    why = ""
+    if found.mismatches or found.broken:
+        reasons = found.mismatches + [f"{f.name}: {p}" for f, p in found.broken]
+        why = " Builds of it exist but none can be used: " + "; ".join(reasons) + "."
+    return NoCompileError(
+        f"module {spec.name!r} (key {key}, {spec.backend} {spec.arch}) is not in the cache "
+        f"{cache_root()} and SGLJIT_NO_COMPILE is set.{why} Build it beforehand {how}."
+    )
+
+
+def _load_or_build(spec: BuildSpec, key: str) -> Any:
+    group = group_dir(spec, key)
+    found = _find(spec, group)  # warm path: no lock, no compiler
+    if found.module is not None:
+        return found.module
     if os.environ.get("SGLJIT_NO_COMPILE", "") not in ("", "0"):
-        raise NoCompileError(
-            f"module {spec.name!r} (key {key}, {spec.backend} {spec.arch}) is not in the cache "
-            f"{cache_root()} and SGLJIT_NO_COMPILE is set. Build it beforehand with "
-            f"`sgljit build --backend {spec.backend.split('-')[0]}"
-            + (f' --arch "{spec.arch.replace("_", " ")}"' if spec.backend == "cuda" else "")
-            + "` (or unset SGLJIT_NO_COMPILE)."
-        )
+        raise _no_compile(spec, key, found)
     # Locks serialize builds within a host only: file locks are unreliable across NFS clients, and a
     # dead host's lock must not block the others. Across hosts the atomic rename decides.
-    lock_path = final.parent / ".locks" / host_id() / f"{final.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    arch_dir = group.parent
+    lock_path = arch_dir / ".locks" / host_id() / f"{group.name}.lock"
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _cache_error(
+            err, arch_dir, f"create the build lock for module {spec.name!r}"
+        ) from None
     from filelock import FileLock  # only on a miss: importing it costs more than a warm load
 
-    with _acquire(FileLock(str(lock_path)), final, spec):
-        module, err = _try_load(spec, final)
-        if module is not None:
-            return module  # another process published it while we waited
-        if err is not None:
+    with _Acquire(FileLock(str(lock_path)), spec, group):
+        found = _find(spec, group)
+        if found.module is not None:
+            return found.module  # another process published it while we waited
+        for folder, problem in found.broken:
             warnings.warn(
-                f"sgljit: cached module {final} failed to load ({err}); rebuilding it",
+                f"sgljit: cached module {folder} {problem}; rebuilding it",
                 RuntimeWarning,
                 stacklevel=4,
             )
-            _discard(final)
-        return _build_and_publish(spec, key, source_key, final)
+            _discard(folder)
+        return _build_and_publish(spec, key, group)
 
 
-class _acquire:
-    """Hold the file lock, but give up waiting as soon as another host has published the module:
-    a lock left by a dead host on a shared file system must not block forever."""
+class _Acquire:
+    """Hold the host's build lock. While waiting: say once who holds it, give up as soon as a
+    usable variant is published (a lock left by a dead host on a shared file system must not block
+    forever), and build anyway after ``SGLJIT_LOCK_TIMEOUT`` seconds (600 by default)."""
 
-    def __init__(self, lock: FileLock, final: Path, spec: BuildSpec):
-        self.lock, self.final, self.spec = lock, final, spec
+    def __init__(self, lock: FileLock, spec: BuildSpec, group: Path):
+        self.lock, self.spec, self.group = lock, spec, group
+        self.owner = Path(lock.lock_file + ".owner")
 
     def __enter__(self) -> None:
         from filelock import Timeout
 
-        waited_since = time.monotonic()
-        stale_after = float(os.environ.get("SGLJIT_LOCK_TIMEOUT", "600"))
+        started = time.monotonic()
+        give_up_after = float(os.environ.get("SGLJIT_LOCK_TIMEOUT", "600"))
+        reported = False
         while True:
             try:
                 self.lock.acquire(timeout=0.5)
+                with contextlib.suppress(OSError):  # only used to tell waiters who we are
+                    self.owner.write_text(f"{host_id()}\n{os.getpid()}\n{time.time():.0f}\n")
                 return
             except Timeout:
-                if (self.final / self.spec.artifact).exists():
+                waited = time.monotonic() - started
+                if _find(self.spec, self.group).module is not None:
                     return  # published meanwhile: the re-check under "lock" will load it
-                if time.monotonic() - waited_since > stale_after:
+                if waited > give_up_after:
                     logger.warning(
-                        "sgljit: lock %s held for %.0fs; building anyway",
+                        "sgljit: build lock %s still held after %.0fs; building anyway",
                         self.lock.lock_file,
-                        stale_after,
+                        give_up_after,
                     )
                     return
+                if not reported and waited > REPORT_WAIT_AFTER_S:
+                    reported = True
+                    logger.warning(
+                        "sgljit: waiting for %s to finish building %s (lock %s); waiting up to "
+                        "%.0fs more, then building here (SGLJIT_LOCK_TIMEOUT sets the limit)",
+                        self._holder(),
+                        self.spec.name,
+                        self.lock.lock_file,
+                        give_up_after - waited,
+                    )
+
+    def _holder(self) -> str:
+        try:
+            host, pid, since = self.owner.read_text().split()[:3]
+            return f"process {pid} on {host} (building for {time.time() - float(since):.0f}s)"
+        except (OSError, ValueError):
+            return "another process"
 
     def __exit__(self, *exc: object) -> None:
         if self.lock.is_locked:
+            self.owner.unlink(missing_ok=True)
             self.lock.release()
 
 
 def _discard(folder: Path) -> None:
     """Move a folder out of the way first (atomic), then delete it: readers never see it half gone."""
     trash = cache_root() / ".trash" / f"{folder.name}-{uuid.uuid4().hex[:8]}"
-    trash.parent.mkdir(parents=True, exist_ok=True)
     try:
+        trash.parent.mkdir(parents=True, exist_ok=True)
         os.rename(folder, trash)
-    except FileNotFoundError:
-        return
+    except OSError:
+        return  # gone already, or not ours to move: the lookup skips it either way
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _build_and_publish(spec: BuildSpec, key: str, source_key: str, final: Path) -> Any:
-    staging = (
-        final.parent / ".staging" / f"{final.name}.{host_id()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    )
-    staging.mkdir(parents=True)
-    for name, text in spec.files.items():
-        (staging / name).write_text(text)
+# --------------------------------------------------------------------------------------------
+# Build and publish
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _dead_staging(folder: Path, now: float) -> bool:
+    """Whether a staging folder belongs to a build that can no longer finish."""
+    try:
+        host, pid = (folder / OWNER).read_text().split()[:2]
+        if host == host_id():
+            return not _pid_alive(int(pid))
+    except (OSError, ValueError):
+        pass  # no owner file: created by a process killed before it wrote one, or foreign
+    try:
+        return now - folder.stat().st_mtime > FOREIGN_STAGING_MAX_AGE_S
+    except OSError:
+        return False
+
+
+def _remove_dead_staging(staging_root: Path) -> int:
+    removed, now = 0, time.time()
+    try:
+        folders = [Path(e.path) for e in os.scandir(staging_root) if e.is_dir()]
+    except OSError:
+        return 0
+    for folder in folders:
+        if _dead_staging(folder, now):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def clear_stale(root: Path | None = None) -> int:
+    """Remove what no process can use: staging folders of dead builds, the trash, kept failed
+    builds and folders in an older cache layout. Returns how many were removed."""
+    root = cache_root() if root is None else root
+    removed = 0
+    for staging_root in root.glob("*/*/.staging"):
+        removed += _remove_dead_staging(staging_root)
+    for folder in [*root.glob(".trash/*"), *root.glob("failed/*"), *root.glob(f"*/*/*/{MANIFEST}")]:
+        target = folder.parent if folder.name == MANIFEST else folder
+        shutil.rmtree(target, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+class _BuildFolder:
+    """The staging folder, or (when its path has characters ninja or the shell would split on) a
+    symbolic link to it with a plain name in the temporary folder."""
+
+    def __init__(self, staging: Path):
+        self.staging, self.alias = staging, None
+        if not _SAFE_PATH.fullmatch(str(staging)):
+            tmp = tempfile.gettempdir()
+            base = tmp if _SAFE_PATH.fullmatch(tmp) else "/tmp"
+            self.alias = Path(base) / f"sgljit-build-{uuid.uuid4().hex}"
+            os.symlink(staging, self.alias)
+
+    @property
+    def path(self) -> Path:
+        return self.alias or self.staging
+
+    def close(self) -> None:
+        if self.alias is not None:
+            self.alias.unlink(missing_ok=True)
+
+
+def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
+    arch_dir = group.parent
+    staging_root = arch_dir / ".staging"
+    staging = staging_root / f"{group.name}.{uuid.uuid4().hex[:12]}"
+    try:
+        staging.mkdir(parents=True)
+        (staging / OWNER).write_text(f"{host_id()}\n{os.getpid()}\n")
+    except OSError as err:
+        raise _cache_error(
+            err, arch_dir, f"create a staging folder for module {spec.name!r}"
+        ) from None
+    removed = _remove_dead_staging(staging_root)
+    if removed:
+        logger.info("sgljit: removed %d staging folder(s) of builds that died", removed)
     started = time.perf_counter()
     logger.info("sgljit: compiling %s for %s %s ...", spec.name, spec.backend, spec.arch)
+    folder = _BuildFolder(staging)
     try:
-        spec.build(staging)
-        module = spec.load(staging / spec.artifact)
+        for name, text in spec.files.items():
+            (staging / name).write_text(text)
+        deps = spec.build(folder.path) or ()
+        module = spec.load(folder.path / spec.artifact)
     except CompileError as err:
-        raise _keep_failed(err, staging, final) from None
+        raise _keep_failed(err, staging, group, folder.path) from None
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _cache_error(err, staging, f"build module {spec.name!r}") from None
     except Exception as err:
-        failed = _move_to_failed(staging, final)
+        failed = _move_to_failed(staging, group)
         raise CompileError(
             f"built module {spec.name!r} could not be loaded: {err}", source_path=str(failed)
         ) from err
-    (staging / MANIFEST).write_text(
-        json.dumps(
-            {
-                "name": spec.name,
-                "key": key,
-                "source_key": source_key,
-                "backend": spec.backend,
-                "arch": spec.arch,
-                "artifact": spec.artifact,
-                "artifact_bytes": (staging / spec.artifact).stat().st_size,
-                "artifact_sha256": hashlib.sha256(
-                    (staging / spec.artifact).read_bytes()
-                ).hexdigest(),
-                "sgljit": __version__,
-                "fingerprint": list(spec.fingerprint),
-                "built_on": host_id(),
-                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "seconds": round(time.perf_counter() - started, 3),
-            },
-            indent=1,
-        )
-    )
+    finally:
+        folder.close()
     try:
-        os.rename(staging, final)  # atomic publish; fails if another writer got there first
-    except OSError:
-        if not (final / spec.artifact).exists():
-            raise
-        # First writer wins: ours is identical by key; keep using the copy we loaded, drop the folder.
+        variant = _write_manifest(spec, key, staging, folder.path, deps, started)
+        group.mkdir(parents=True, exist_ok=True)
+        final = group / variant
+        try:
+            os.rename(staging, final)  # atomic publish; fails if another writer got there first
+        except OSError:
+            if not (final / MANIFEST).exists():
+                raise
+            # First writer wins: ours is identical by name; keep using the copy we loaded.
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)
+        raise _cache_error(err, group, f"publish module {spec.name!r}") from None
     logger.info(
         "sgljit: compiled %s for %s %s in %.1fs",
         spec.name,
@@ -367,25 +713,59 @@ def _build_and_publish(spec: BuildSpec, key: str, source_key: str, final: Path) 
     return module
 
 
-def _move_to_failed(staging: Path, final: Path) -> Path:
-    failed = cache_root() / "failed" / final.name
-    if failed.exists():
-        shutil.rmtree(failed, ignore_errors=True)
-    failed.parent.mkdir(parents=True, exist_ok=True)
+def _write_manifest(
+    spec: BuildSpec, key: str, staging: Path, build_path: Path, deps, started: float
+) -> str:
+    """Write the manifest into the staging folder; returns the variant's name."""
+    flags, toolchain = _split_fingerprint(spec.fingerprint)
+    build_dirs = tuple(dict.fromkeys([str(build_path), str(staging), os.path.realpath(staging)]))
+    recorded = _record_deps(deps, build_dirs, spec.roots)
+    data = (staging / spec.artifact).read_bytes()
+    artifact_sha = _sha256(data)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "name": spec.name,
+        "key": key,
+        "backend": spec.backend,
+        "arch": spec.arch,
+        "artifact": spec.artifact,
+        "artifact_bytes": len(data),
+        "artifact_sha256": artifact_sha,
+        "sgljit": __version__,
+        "fingerprint": flags,
+        "files": {n: _sha256(t.encode()) for n, t in spec.files.items()},
+        "toolchain": toolchain,
+        "deps": recorded,
+        "built_on": host_id(),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    tmp = staging / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, staging / MANIFEST)
+    (staging / OWNER).unlink(missing_ok=True)
+    return _variant_name(toolchain, recorded, artifact_sha)
+
+
+def _move_to_failed(staging: Path, group: Path) -> Path:
+    failed = cache_root() / "failed" / group.name
+    (staging / OWNER).unlink(missing_ok=True)
     try:
+        if failed.exists():
+            shutil.rmtree(failed, ignore_errors=True)
+        failed.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staging, failed)
     except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
         return staging
     return failed
 
 
-def _keep_failed(err: CompileError, staging: Path, final: Path) -> CompileError:
+def _keep_failed(err: CompileError, staging: Path, group: Path, build_path: Path) -> CompileError:
     """Nothing broken is cached: the staging folder moves to ``failed/`` for inspection."""
-    failed = _move_to_failed(staging, final)
+    failed = _move_to_failed(staging, group)
 
     def fix(text: str) -> str:
-        return text.replace(str(staging), str(failed))
+        return text.replace(str(build_path), str(failed)).replace(str(staging), str(failed))
 
     return CompileError(
         fix(err.message),

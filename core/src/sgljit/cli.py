@@ -113,21 +113,24 @@ def _sycl_rows() -> list[tuple[str, str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import MANIFEST, cache_root
+    from .cache import MANIFEST, cache_root, clear_stale, published_entries
 
     root = cache_root()
     if args.action == "path":
         print(root)
     elif args.action == "list":
-        manifests = sorted(root.glob(f"*/*/*/{MANIFEST}"))
-        if not manifests:
+        entries = published_entries(root)
+        if not entries:
             print(f"(empty) {root}")
-        for m in manifests:
-            data = json.loads(m.read_text())
+        for entry in entries:
+            data = json.loads((entry / MANIFEST).read_text())
             print(
-                f"{data['backend']:<6} {data['arch']:<10} {data['name']:<48} {data['key']}  "
-                f"{_human(_folder_size(m.parent)):>9}  built {data.get('built_at', '?')}"
+                f"{data['backend']:<6} {data['arch']:<10} {data['name']:<48} "
+                f"{data['key']}/{entry.name}  {_human(_folder_size(entry)):>9}  "
+                f"built {data.get('built_at', '?')}"
             )
+    elif args.action == "clear" and args.stale:
+        print(f"removed {clear_stale(root)} stale entries from {root}")
     elif args.action == "clear":
         if root.exists():
             shutil.rmtree(root)
@@ -178,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     cache = sub.add_parser("cache", help="inspect or clear the module cache")
     cache.add_argument("action", choices=["path", "list", "clear", "export", "import"])
     cache.add_argument("file", nargs="?", help="archive for export/import")
+    cache.add_argument(
+        "--stale",
+        action="store_true",
+        help="with clear: remove only what no process can use (dead builds' staging folders, "
+        "the trash, failed builds, an older cache layout)",
+    )
     cache.set_defaults(fn=cmd_cache)
     clangd = sub.add_parser("clangd", help="write a .clangd for editing kernels")
     clangd.add_argument("--output", default=".clangd")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
+import subprocess
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -13,7 +15,16 @@ from typing import Any
 from .cache import TOOLCHAIN, BuildSpec, get_or_build
 from .errors import CompileError
 from .jit_utils import module_name
-from .toolchain import compiler_identity, cuda_arch_list, cuda_home, find_nvcc, host_cxx
+from .toolchain import (
+    ABSENT,
+    compiler_environment,
+    compiler_identity,
+    cuda_arch_list,
+    cuda_home,
+    find_nvcc,
+    host_cxx,
+    system_include_dirs,
+)
 
 __all__ = ["include_dir", "load_jit"]
 
@@ -46,9 +57,19 @@ def _translation_unit(files: Sequence[str], wrappers: Iterable[tuple[str, str]])
     return "\n".join(lines) + "\n"
 
 
-def _strip_paths(flags: Iterable[str]) -> list[str]:
-    """Flags for the key: include paths are hashed by content instead, so the key is portable."""
-    return [f for f in flags if not f.startswith(("-I", "-isystem"))]
+def _ninja_arg(arg: str) -> str:
+    """One argument as tvm-ffi's build.ninja needs it: quoted for the shell, ``$`` escaped for ninja."""
+    return shlex.quote(arg).replace("$", "$$")
+
+
+@functools.cache
+def _tvm_ffi_roots() -> dict[str, Path]:
+    from tvm_ffi import libinfo
+
+    return {
+        "tvm_ffi": Path(libinfo.find_include_path()).resolve(),
+        "dlpack": Path(libinfo.find_dlpack_include_path()).resolve(),
+    }
 
 
 def extra_cuda_cflags_from_env() -> list[str]:
@@ -74,8 +95,8 @@ def load_jit(
     One generated translation unit includes every file (found in ``source_dir``) and exports each
     wrapper ``(export_name, "Kernel<args>::run")`` as a tvm-ffi function. ``markers`` name the
     specialization, so different template arguments give different modules. Core's include folder
-    and ``source_dir`` are always on the include path, and their contents are part of the cache key:
-    editing a header rebuilds.
+    and ``source_dir`` are always on the include path. Every file the compiler reads is recorded
+    with its hash (its depfile), so editing any header it included rebuilds (see :mod:`sgljit.cache`).
 
     Example (CPU, runs anywhere)::
 
@@ -93,7 +114,12 @@ def load_jit(
         raise ValueError("load_jit: wrappers need files of the same kind to include")
     name = module_name(*markers)
     source_dir = Path(source_dir).resolve()
-    includes = [include_dir(), source_dir, *(Path(p).resolve() for p in include_dirs)]
+    roots = {
+        "sgljit": include_dir(),
+        "source": source_dir,
+        **{f"include{i}": Path(p).resolve() for i, p in enumerate(include_dirs)},
+        **_tvm_ffi_roots(),
+    }
     for f in (*cuda_files, *cpp_files):
         if not (source_dir / f).is_file():
             raise FileNotFoundError(f"load_jit: {f!r} not found in source_dir {source_dir}")
@@ -104,30 +130,46 @@ def load_jit(
     if cuda_files:
         files[f"{name}_cuda.cu"] = _translation_unit(cuda_files, cuda_wrappers)
 
+    # Include folders go to the compiler by path and into the key by role (see cache.BuildSpec).
+    include_roles = ["sgljit", "source", *(f"include{i}" for i in range(len(include_dirs)))]
+    include_flags = [f"-I{roots[r]}" for r in include_roles]
     cflags = [*DEFAULT_CFLAGS, *extra_cflags]
     cuda_cflags = [*DEFAULT_CUDA_CFLAGS, *extra_cuda_cflags, *extra_cuda_cflags_from_env()]
+    cxx = host_cxx()
     fingerprint = [
         "tvm-ffi " + tvm_ffi.__version__,
-        TOOLCHAIN + "c++ " + compiler_identity(host_cxx()),
-        "cflags " + " ".join(_strip_paths(cflags)),
-        "ldflags " + " ".join(_strip_paths(extra_ldflags)),
+        TOOLCHAIN + "c++ " + compiler_identity(cxx),
+        "includes " + " ".join("-I{" + r + "}" for r in include_roles),
+        "cflags " + shlex.join(cflags),
+        "ldflags " + shlex.join(extra_ldflags),
+        *("env " + e for e in compiler_environment()),
     ]
+    system_dirs = list(system_include_dirs(cxx))
     if cuda_files:
         arch = cuda_arch_list()
         nvcc = find_nvcc() or os.path.join(cuda_home(), "bin", "nvcc")
         fingerprint += [
             TOOLCHAIN + "nvcc " + compiler_identity(nvcc),
-            "cuda_cflags " + " ".join(_strip_paths(cuda_cflags)),
+            "cuda_cflags " + shlex.join(cuda_cflags),
             "arch " + " ".join(arch),
         ]
         backend, arch_dir = "cuda", "_".join(arch)
+        if compiler_identity(nvcc) != ABSENT:
+            system_dirs.append(cuda_home())
     else:
         arch, backend, arch_dir = (), "cpu", "host"
 
-    def build(folder: Path) -> None:
+    def build(folder: Path) -> list[str]:
         _build_with_tvm_ffi(
-            folder, name, sorted(files), cflags, cuda_cflags, list(extra_ldflags), includes, arch
+            folder,
+            name,
+            sorted(files),
+            [_ninja_arg(f) for f in (*cflags, *include_flags)],
+            [_ninja_arg(f) for f in (*cuda_cflags, *include_flags)],
+            [_ninja_arg(f) for f in extra_ldflags],
+            arch,
         )
+        return [d for d in ninja_deps(folder) if not _under(d, system_dirs)]
 
     spec = BuildSpec(
         backend=backend,
@@ -135,12 +177,33 @@ def load_jit(
         name=name,
         artifact=f"{name}.so",
         files=files,
-        inputs=tuple(includes),
         fingerprint=tuple(fingerprint),
+        roots=roots,
         build=build,
         load=lambda path: tvm_ffi.load_module(str(path)),
     )
     return get_or_build(spec)
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    path = os.path.normpath(path)
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def ninja_deps(folder: Path) -> list[str]:
+    """The files ninja recorded (from the compilers' depfiles) for every target built in
+    ``folder``: ``ninja -t deps``."""
+    out = subprocess.run(
+        ["ninja", "-t", "deps"], cwd=folder, capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise CompileError(
+            "sgljit: could not read the build's dependencies",
+            command="ninja -t deps",
+            source_path=str(folder),
+            output=out.stdout + out.stderr,
+        )
+    return [line.strip() for line in out.stdout.splitlines() if line.startswith("    ")]
 
 
 def _build_with_tvm_ffi(
@@ -150,9 +213,9 @@ def _build_with_tvm_ffi(
     cflags: list[str],
     cuda_cflags: list[str],
     ldflags: list[str],
-    includes: list[Path],
     arch: Sequence[str],
 ) -> None:
+    """Build with tvm-ffi's ninja file; flags arrive quoted (:func:`_ninja_arg`)."""
     from tvm_ffi import cpp as tvm_cpp
 
     cpp_files = [str(folder / s) for s in sources if s.endswith(".cc")]
@@ -170,7 +233,6 @@ def _build_with_tvm_ffi(
                 extra_cflags=cflags,
                 extra_cuda_cflags=cuda_cflags,
                 extra_ldflags=ldflags,
-                extra_include_paths=[str(p) for p in includes],
                 build_directory=str(folder),
                 **({"backend": "cuda"} if cuda_files else {}),
             )
@@ -191,6 +253,8 @@ def _compile_error(name: str, folder: Path, output: str, sources: list[str]) -> 
         if line.startswith("FAILED:") and i + 1 < len(lines):
             command = lines[i + 1].strip()
             break
+    if not command:  # ninja itself failed (e.g. on build.ninja) before running a compiler
+        command = f"ninja -v (in {folder})"
     failing = next((s for s in sources if s in command), sources[0])
     return CompileError(
         f"sgljit: failed to compile module {name!r}",

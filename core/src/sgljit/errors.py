@@ -31,6 +31,11 @@ class CompileError(SgljitError):
         super().__init__("\n".join(parts))
 
 
+class CacheError(SgljitError):
+    """The module cache folder could not be read or written; the message names the folder, what
+    was tried and the setting that fixes it (``SGLJIT_CACHE_DIR``, permissions, disk space)."""
+
+
 class NoCompileError(SgljitError):
     """A module was missing from the cache while SGLJIT_NO_COMPILE=1 forbids compiling."""
 

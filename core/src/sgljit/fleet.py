@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import shutil
@@ -28,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .cache import MANIFEST, cache_root
+from .cache import MANIFEST, cache_root, published_entries, verify_entry
 from .plugins import load_target
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
@@ -165,14 +164,10 @@ def add_build_parser(sub: Any) -> None:
     build.set_defaults(fn=cmd_build)
 
 
-def _published_entries(root: Path) -> list[Path]:
-    return sorted(m.parent for m in root.glob(f"*/*/*/{MANIFEST}"))
-
-
 def cache_export(file: str) -> int:
     """Pack every published module (not locks, staging or failed builds) into a tar.gz."""
     root = cache_root()
-    entries = _published_entries(root)
+    entries = published_entries(root)
     with tarfile.open(file, "w:gz") as tar:
         for entry in entries:
             tar.add(entry, arcname=str(entry.relative_to(root)))
@@ -182,26 +177,11 @@ def cache_export(file: str) -> int:
 
 def _verify(entry: Path) -> str | None:
     """Why an imported entry must not be used, or None when it is sound."""
-    try:
-        manifest = json.loads((entry / MANIFEST).read_text())
-    except (OSError, ValueError) as err:
-        return f"unreadable manifest: {err}"
-    if entry.name != f"{manifest.get('name')}-{manifest.get('key')}":
-        return f"folder name does not match its manifest's name and key ({manifest.get('name')}-{manifest.get('key')})"
-    if (entry.parent.name, entry.parent.parent.name) != (
-        manifest.get("arch"),
-        manifest.get("backend"),
-    ):
-        return "folder is not under its manifest's backend/arch"
-    artifact = entry / manifest.get("artifact", "")
-    if not artifact.is_file():
-        return "artifact missing"
-    data = artifact.read_bytes()
-    if len(data) != manifest.get("artifact_bytes") or hashlib.sha256(
-        data
-    ).hexdigest() != manifest.get("artifact_sha256"):
-        return "artifact does not match the size and sha256 recorded when it was built"
-    return _check_loads(manifest["backend"], artifact)
+    problem = verify_entry(entry)
+    if problem:
+        return problem
+    manifest = json.loads((entry / MANIFEST).read_text())
+    return _check_loads(manifest["backend"], entry / manifest["artifact"])
 
 
 def _check_loads(backend: str, artifact: Path) -> str | None:
@@ -237,7 +217,7 @@ def cache_import(file: str) -> int:
                     if m.name.startswith("/") or ".." in Path(m.name).parts:
                         raise ValueError(f"{file}: unsafe path in archive: {m.name}")
                 tar.extractall(staging, members=members)
-        for entry in _published_entries(staging):
+        for entry in published_entries(staging):
             rel = entry.relative_to(staging)
             problem = _verify(entry)
             if problem:

@@ -29,6 +29,7 @@ import ctypes
 import dataclasses
 import functools
 import importlib.metadata
+import json
 import logging
 import os
 import re
@@ -37,14 +38,20 @@ import shutil
 import subprocess
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .cache import SOURCE_SUFFIXES, BuildSpec, cache_key, cache_root, get_or_build
-from .errors import CompileError, SgljitError
+from .cache import TOOLCHAIN, BuildSpec, cache_key, cache_root, get_or_build, read_depfile
+from .errors import CompileError, NoCompileError, SgljitError
 from .jit_utils import cache_once, module_name
-from .toolchain import compiler_identity, host_cxx, short_hash
+from .toolchain import (
+    compiler_environment,
+    compiler_identity,
+    host_cxx,
+    short_hash,
+    system_include_dirs,
+)
 
 __all__ = [
     "ARG_KINDS",
@@ -203,6 +210,14 @@ def _load_bridge(path: Path) -> ctypes.CDLL:
     ]
     lib.sgljit_sycl_get_kernel.restype = ctypes.c_void_p
     lib.sgljit_sycl_get_kernel.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.sgljit_sycl_raw_kernel_name.restype = ctypes.c_char_p
+    lib.sgljit_sycl_raw_kernel_name.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.sgljit_sycl_save.restype = ctypes.c_int64
+    lib.sgljit_sycl_save.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.sgljit_sycl_load.restype = ctypes.c_void_p
+    lib.sgljit_sycl_load.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+    lib.sgljit_sycl_device_identity.restype = ctypes.c_char_p
+    lib.sgljit_sycl_device_identity.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -218,35 +233,45 @@ def _run_compiler(cmd: list[str], cwd: Path, source: Path | str) -> None:
 
 
 def bridge_spec(csrc_dir: Path = CSRC_DIR) -> BuildSpec:
-    """The cache spec of the runtime-compiler bridge: its sources, the host compiler, the runtime
-    version and location (the library is linked with an rpath to it) are all in the key."""
+    """The cache spec of the runtime-compiler bridge: its sources (through the compiler's depfile),
+    the host compiler, the runtime version and location (the library is linked with an rpath to
+    it) decide which build is used."""
     rt = find_runtime()
     cxx = host_cxx()
-    source = Path(csrc_dir) / "sycl_bridge.cpp"
+    csrc_dir = Path(csrc_dir).resolve()
     artifact = "libsgljit_sycl_bridge.so"
 
-    def build(folder: Path) -> None:
+    def build(folder: Path) -> list[str]:
         cmd = [
-            cxx, *BRIDGE_FLAGS, f"-I{csrc_dir}", f"-I{rt.include}", str(source),
-            "-o", artifact, f"-L{rt.lib}", f"-Wl,-rpath,{rt.lib}", "-lsycl",
+            cxx, *BRIDGE_FLAGS, "-MD", "-MF", "bridge.d", f"-I{csrc_dir}", f"-I{rt.include}",
+            str(csrc_dir / "sycl_bridge.cpp"), "-o", artifact,
+            f"-L{rt.lib}", f"-Wl,-rpath,{rt.lib}", "-lsycl", "-ldl",
         ]  # fmt: skip
-        _run_compiler(cmd, folder, source)
+        _run_compiler(cmd, folder, csrc_dir / "sycl_bridge.cpp")
+        deps = read_depfile((folder / "bridge.d").read_text())
+        return [d for d in deps if not _under(d, (*system_include_dirs(cxx), str(rt.include)))]
 
     return BuildSpec(
         backend="sycl",
         arch="bridge",
         name="sycl_bridge",
         artifact=artifact,
-        inputs=(source, Path(csrc_dir) / "sycl_bridge.hpp"),
+        roots={"csrc": csrc_dir},
         fingerprint=(
-            compiler_identity(cxx),
+            TOOLCHAIN + "c++ " + compiler_identity(cxx),
             f"intel-sycl-rt=={rt.version}",
-            str(rt.lib),
+            f"runtime {rt.lib}",
             *BRIDGE_FLAGS,
+            *("env " + e for e in compiler_environment()),
         ),
         build=build,
         load=_load_bridge,
     )
+
+
+def _under(path: str, folders: Sequence[str | os.PathLike]) -> bool:
+    path = os.path.normpath(path)
+    return any(path == str(f) or path.startswith(str(f).rstrip("/") + "/") for f in folders)
 
 
 @cache_once
@@ -326,15 +351,26 @@ class SYCLFunction:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class RtcSource:
+    """What the runtime compiler builds for a module: the generated source, its build options (by
+    path for the compiler, by role for the key), the folders those roles name, and the kernels
+    the sources define (their saved binaries look kernels up by the names recorded for these)."""
+
+    source: str
+    options: tuple[str, ...]
+    key_options: tuple[str, ...]
+    roots: dict[str, Path]
+    kernels: tuple[str, ...]
+
+
 class SYCLModule:
     """A loaded SYCL module; ``get_function(name, argtypes)`` gives its launchers."""
 
-    def __init__(
-        self, name: str, route: str, key: str, lib: ctypes.CDLL, *, source: str = "", options=()
-    ):
+    def __init__(self, name: str, route: str, key: str, lib: ctypes.CDLL, *, rtc=None):
         self.name, self.route, self.key = name, route, key
         self._lib = lib
-        self._source, self._options = source, tuple(options)
+        self._rtc: RtcSource | None = rtc
         self._functions: dict[tuple[str, tuple[str, ...]], SYCLFunction] = {}
         self._lock = threading.Lock()
         self.targets: tuple[str, ...] = ()  # icpx: the AOT targets it was built for
@@ -351,12 +387,12 @@ class SYCLModule:
 
     def build(self, device: Any = "cpu") -> SYCLModule:
         """Compile now for ``device`` (``"cpu"``, ``"xpu:0"``, a torch.device) rather than at the
-        first launch, e.g. to check that kernels compile. icpx modules are built already."""
+        first launch, e.g. to prebuild it into the cache. icpx modules are built already."""
         if self.route == "rtc":
             import torch
 
             queue, key, _ = self._queue(torch.device(device))
-            _rtc_bundle(self, queue, key)
+            _rtc_program(self, queue, key)
         return self
 
     def _queue(self, device) -> tuple[int, str, int]:
@@ -380,8 +416,15 @@ class SYCLModule:
     def _kernel(self, name: str, queue: int, device_key: str) -> int:
         with self._lock:
             if self.route == "rtc":
-                bundle = _rtc_bundle(self, queue, device_key)
-                kernel = self._lib.sgljit_sycl_get_kernel(bundle, name.encode())
+                program = _rtc_program(self, queue, device_key)
+                if program.kernel_names and name not in program.kernel_names:
+                    raise AttributeError(
+                        f"{self.name}: no kernel named '{name}' in the module "
+                        f"(it has {', '.join(sorted(program.kernel_names))})"
+                    )
+                kernel = self._lib.sgljit_sycl_get_kernel(
+                    program.handle, program.kernel_names.get(name, name).encode()
+                )
             else:
                 if device_key == "cpu" and not any(t.startswith("spir64") for t in self.targets):
                     raise RuntimeError(
@@ -402,38 +445,150 @@ class SYCLModule:
         return kernel
 
 
-# Bundles built by the runtime compiler, per process (its persistent cache crashes in 2026.1.2):
-# (module key, device key) → kernel_bundle*. Never freed: launched kernels reference them.
-_bundles: dict[tuple[str, str], int] = {}
-_bundles_lock = threading.Lock()
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    """A built or reloaded program (bridge ``Program*``) and the names its kernels go by."""
+
+    handle: int
+    kernel_names: dict[str, str]
 
 
-def _rtc_bundle(module: SYCLModule, queue: int, device_key: str) -> int:
-    with _bundles_lock:
-        bundle = _bundles.get((module.key, device_key))
-        if bundle:
-            return bundle
+# Programs per process: (module key, device key) → _Program. Never freed: launched kernels use them.
+_programs: dict[tuple[str, str], _Program] = {}
+_programs_lock = threading.Lock()
+# A saved binary: one JSON line (format, kernel names), then the device binary.
+SAVED_FORMAT = "sgljit-sycl-opencl-binary-1"
+
+
+def _compile_source(module: SYCLModule, queue: int, device_key: str) -> int:
+    rtc, lib = module._rtc, module._lib
+    opts = [o.encode() for o in rtc.options]
+    logger.info(
+        "sgljit: compiling SYCL module %s on %s (runtime compiler) ...", module.name, device_key
+    )
+    handle = lib.sgljit_sycl_build(
+        queue, rtc.source.encode(), len(opts), (ctypes.c_char_p * len(opts))(*opts)
+    )
+    if not handle:
+        message = _last_error(lib)
+        if lib.sgljit_sycl_last_error_kind() == 1:
+            raise CompileError(
+                f"SYCL module {module.name!r} failed to compile (runtime compiler, {device_key})",
+                command="kernel_compiler build options: " + shlex.join(rtc.options),
+                source_path=rtc.source,
+                output=message,
+            )
+        raise RuntimeError(f"SYCL module {module.name!r}: {message}")
+    return handle
+
+
+def _save_binary(lib: ctypes.CDLL, handle: int, kernels: Sequence[str], path: Path) -> None:
+    size = lib.sgljit_sycl_save(handle, None, 0)
+    if size < 0:
+        raise RuntimeError(_last_error(lib))
+    buf = (ctypes.c_ubyte * size)()
+    if lib.sgljit_sycl_save(handle, buf, size) != size:
+        raise RuntimeError(_last_error(lib))
+    names = {}
+    for k in kernels:
+        raw = lib.sgljit_sycl_raw_kernel_name(handle, k.encode())
+        if raw is None:
+            raise RuntimeError(_last_error(lib))
+        names[k] = raw.decode()
+    header = json.dumps({"format": SAVED_FORMAT, "kernels": names}, sort_keys=True)
+    path.write_bytes(header.encode() + b"\n" + bytes(buf))
+
+
+def load_saved(lib: ctypes.CDLL, queue: int, path: Path) -> _Program:
+    """A program from a binary saved by the runtime-compiler route, for the queue's device."""
+    header, _, blob = path.read_bytes().partition(b"\n")
+    meta = json.loads(header)
+    if meta.get("format") != SAVED_FORMAT:
+        raise ValueError(f"{path}: not a saved SYCL binary of format {SAVED_FORMAT}")
+    handle = lib.sgljit_sycl_load(queue, blob, len(blob))
+    if not handle:
+        raise RuntimeError(f"{path}: {_last_error(lib)}")
+    return _Program(handle, dict(meta["kernels"]))
+
+
+def _scan_dependencies(folder: Path, rtc: RtcSource) -> list[str]:
+    """The headers the module's source includes, found by the host preprocessor with the same
+    -I/-D/-U options (the runtime compiler reports none); the runtime's own headers excluded."""
+    rt = find_runtime()
+    cxx = host_cxx()
+    kept = [o for o in rtc.options if o.startswith(("-I", "-D", "-U"))]
+    cmd = [
+        cxx, "-std=c++17", "-E", "-MM", "-MF", "module.d", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
+        "-isystem", str(rt.include), *kept, "-x", "c++", "module.cpp", "-o", os.devnull,
+    ]  # fmt: skip
+    _run_compiler(cmd, folder, folder / "module.cpp")
+    deps = read_depfile((folder / "module.d").read_text())
+    return [d for d in deps if not _under(d, system_include_dirs(cxx))]
+
+
+def _rtc_spec(module: SYCLModule, queue: int, device_key: str, identity: str) -> BuildSpec:
+    """The cache spec of a runtime-compiled module for one device (its binary is the device's own:
+    the device, its driver and the runtime are in the key)."""
+    rt, rtc, lib = find_runtime(), module._rtc, module._lib
+    backend = identity.split("\t")[0]
+    artifact = f"{module.name}.bin"
+
+    def build(folder: Path) -> list[str]:
+        (folder / "module.cpp").write_text(rtc.source)
+        handle = _compile_source(module, queue, device_key)
+        _save_binary(lib, handle, rtc.kernels, folder / artifact)
+        return _scan_dependencies(folder, rtc)
+
+    return BuildSpec(
+        backend="sycl",
+        arch=f"{backend}-{short_hash(identity)[:12]}",
+        name=module.name,
+        artifact=artifact,
+        files={"module.cpp": rtc.source},
+        fingerprint=(
+            f"intel-sycl-rt=={rt.version}",
+            "device " + identity,
+            "options " + shlex.join(rtc.key_options),
+        ),
+        roots=rtc.roots,
+        build=build,
+        load=lambda path: load_saved(lib, queue, path),
+    )
+
+
+def _rtc_program(module: SYCLModule, queue: int, device_key: str) -> _Program:
+    """The module's program for a device: from the cache on disk where the device's binaries can
+    be kept (OpenCL: the SYCL CPU device), else compiled once per process."""
+    with _programs_lock:
+        program = _programs.get((module.key, device_key))
+        if program is not None:
+            return program
         lib = module._lib
-        opts = [o.encode() for o in module._options]
-        logger.info(
-            "sgljit: compiling SYCL module %s on %s (runtime compiler) ...", module.name, device_key
-        )
-        bundle = lib.sgljit_sycl_build(
-            queue, module._source.encode(), len(opts), (ctypes.c_char_p * len(opts))(*opts)
-        )
-        if not bundle:
-            message = _last_error(lib)
-            if lib.sgljit_sycl_last_error_kind() == 1:
-                raise CompileError(
-                    f"SYCL module {module.name!r} failed to compile "
-                    f"(runtime compiler, {device_key})",
-                    command="kernel_compiler build options: " + shlex.join(module._options),
-                    source_path=module._source,
-                    output=message,
+        identity = (lib.sgljit_sycl_device_identity(queue) or b"").decode()
+        if identity.startswith("opencl\t"):
+            program = get_or_build(_rtc_spec(module, queue, device_key, identity))
+        else:
+            if os.environ.get("SGLJIT_NO_COMPILE", "") not in ("", "0"):
+                raise NoCompileError(
+                    f"SYCL module {module.name!r} cannot be kept on disk for {device_key} "
+                    f"({identity.split(chr(9))[0] or 'unknown backend'}: the runtime compiler "
+                    "saves binaries for OpenCL devices only) and SGLJIT_NO_COMPILE is set; use "
+                    "the icpx route (oneAPI) to prebuild it, or unset SGLJIT_NO_COMPILE"
                 )
-            raise RuntimeError(f"SYCL module {module.name!r}: {message}")
-        _bundles[(module.key, device_key)] = bundle
-        return bundle
+            program = _Program(_compile_source(module, queue, device_key), {})
+        _programs[(module.key, device_key)] = program
+        return program
+
+
+def saved_binaries_supported(device: Any = "cpu") -> tuple[bool, str]:
+    """(whether runtime-compiled modules for ``device`` are kept on disk, the device's backend)."""
+    import torch
+
+    lib = bridge()
+    probe = SYCLModule("probe", "rtc", "probe", lib)
+    queue, _, _ = probe._queue(torch.device(device))
+    backend = (lib.sgljit_sycl_device_identity(queue) or b"").decode().split("\t")[0]
+    return backend == "opencl", backend
 
 
 def _sources(sycl_files: Sequence[str | os.PathLike]) -> tuple[Path, ...]:
@@ -446,38 +601,35 @@ def _sources(sycl_files: Sequence[str | os.PathLike]) -> tuple[Path, ...]:
     return files
 
 
-def _key_inputs(files: tuple[Path, ...], include_dirs: tuple[Path, ...]) -> tuple[Path, ...]:
-    """What a module's key hashes: the sources, the headers beside them (not in subfolders: a
-    source may sit in a large folder), every include dir's tree and core's include tree."""
-    siblings = sorted(
-        {
-            p
-            for f in files
-            for p in f.parent.iterdir()
-            if p.suffix in SOURCE_SUFFIXES and p.is_file()
-        }
-        - set(files)
-    )
-    return (*files, *siblings, *dict.fromkeys([*include_dirs, INCLUDE_DIR]))
+def _include_roots(
+    files: tuple[Path, ...], include_dirs: tuple[Path, ...]
+) -> tuple[dict[str, Path], list[str]]:
+    """(role → folder, roles in include order): core's include folder, the sources' folders, the
+    include dirs."""
+    roots: dict[str, Path] = {"sgljit": INCLUDE_DIR}
+    for i, d in enumerate(dict.fromkeys(f.parent for f in files)):
+        roots[f"src{i}"] = d
+    for i, d in enumerate(include_dirs):
+        roots[f"include{i}"] = d
+    return roots, list(roots)
 
 
 def _load_rtc(name, files, include_dirs, cflags) -> SYCLModule:
-    rt = find_runtime()
     lib = bridge()
-    source = "".join(f'#include "{f}"\n' for f in files)
-    options = (f"-I{INCLUDE_DIR}", *(f"-I{d}" for d in include_dirs), *cflags)
-    spec = BuildSpec(  # only its key is used: bundles are rebuilt in each process, not published
-        backend="sycl",
-        arch="rtc",
-        name=name,
-        artifact="",
-        files={"module.cpp": source},
-        inputs=_key_inputs(files, include_dirs),
-        fingerprint=(f"intel-sycl-rt=={rt.version}", *options),
-        build=lambda folder: None,
-        load=lambda path: None,
+    roots, order = _include_roots(files, include_dirs)
+    # Sources are included by name from their folders (on the include path), so neither the
+    # source text nor the key holds an installation's paths.
+    source = "".join(f'#include "{f.name}"\n' for f in files)
+    kernels = tuple(dict.fromkeys(k for f in files for k in find_kernels(f.read_text())))
+    rtc = RtcSource(
+        source=source,
+        options=(*(f"-I{roots[r]}" for r in order), *cflags),
+        key_options=(*("-I{" + r + "}" for r in order), *cflags),
+        roots=roots,
+        kernels=kernels,
     )
-    return SYCLModule(name, "rtc", cache_key(spec), lib, source=source, options=options)
+    key = short_hash(name, source, *rtc.key_options)
+    return SYCLModule(name, "rtc", key, lib, rtc=rtc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,7 +716,7 @@ def _icpx_source(name: str, files: tuple[Path, ...], kernels: tuple[str, ...], t
         "// DPC++ kernel names are process-wide: give this module's kernels unique names, so",
         '// two specializations of one source (same extern "C" names) never swap kernels.',
         *(f"#define {k} {k}__{tag}" for k in kernels),
-        *(f'#include "{f}"' for f in files),
+        *(f'#include "{f.name}"' for f in files),  # from their folders, on the include path
         *(f"#undef {k}" for k in kernels),
     ]
     for k in kernels:
@@ -610,17 +762,28 @@ def plan_icpx_build(
     icpx = icpx or os.environ.get("SGLJIT_ICPX") or "icpx"
     targets = sycl_targets()
     artifact = f"lib{name}.so"
-    command = (
-        icpx, "-fsycl", "-O3", "-std=c++17", "-fPIC", "-shared", *ICPX_NUMERICS_FLAGS,
-        f"-fsycl-targets={','.join(targets)}", f"-I{INCLUDE_DIR}", f"-I{CSRC_DIR}",
-        *(f"-I{d}" for d in incs), *extra_sycl_cflags, "module.cpp", "-o", artifact, *extra_ldflags,
-    )  # fmt: skip
-    tag = short_hash(name, *command)
-    source = _icpx_source(name, files, kernels, tag)
-    identity = compiler_identity(icpx) if shutil.which(icpx) else f"{icpx} (not found)"
+    roots, order = _include_roots(files, incs)
+    roots["csrc"] = CSRC_DIR
 
-    def build(folder: Path) -> None:
+    def command_with(include: Callable[[str], str]) -> tuple[str, ...]:
+        return (
+            icpx, "-fsycl", "-O3", "-std=c++17", "-fPIC", "-shared", *ICPX_NUMERICS_FLAGS,
+            f"-fsycl-targets={','.join(targets)}", *(include(r) for r in [*order, "csrc"]),
+            *extra_sycl_cflags, "-MD", "-MF", "module.d", "module.cpp", "-o", artifact,
+            *extra_ldflags,
+        )  # fmt: skip
+
+    command = command_with(lambda role: f"-I{roots[role]}")
+    key_command = command_with(lambda role: "-I{" + role + "}")
+    tag = short_hash(name, *key_command)
+    source = _icpx_source(name, files, kernels, tag)
+
+    def build(folder: Path) -> list[str]:
         _run_compiler(list(command), folder, folder / "module.cpp")
+        found = shutil.which(icpx)
+        own = [os.path.dirname(os.path.dirname(os.path.realpath(found)))] if found else []
+        deps = read_depfile((folder / "module.d").read_text())
+        return [d for d in deps if not _under(d, (*own, *system_include_dirs(icpx)))]
 
     spec = BuildSpec(
         backend="sycl",
@@ -628,8 +791,8 @@ def plan_icpx_build(
         name=name,
         artifact=artifact,
         files={"module.cpp": source},
-        inputs=(*_key_inputs(files, incs), CSRC_DIR / "sycl_bridge.hpp"),
-        fingerprint=(identity, *command),
+        fingerprint=(TOOLCHAIN + "icpx " + compiler_identity(icpx), *key_command),
+        roots=roots,
         build=build,
         load=lambda path: _declare_abi(ctypes.CDLL(str(path))),  # never dlclose'd
     )

@@ -17,7 +17,15 @@ from pathlib import Path
 
 from .errors import SgljitError
 
-__all__ = ["compiler_identity", "cuda_arch_list", "cuda_home", "find_nvcc", "host_cxx"]
+__all__ = [
+    "compiler_environment",
+    "compiler_identity",
+    "cuda_arch_list",
+    "cuda_home",
+    "find_nvcc",
+    "host_cxx",
+    "system_include_dirs",
+]
 
 
 def _identity_memo_path() -> Path:
@@ -67,6 +75,73 @@ def compiler_identity(executable: str, *version_args: str) -> str:
     except OSError:
         pass  # a read-only cache still works, it only re-asks the compiler next time
     return identity
+
+
+def _memo_get(token: str) -> str | None:
+    try:
+        return json.loads(_identity_memo_path().read_text()).get(token)
+    except (OSError, ValueError):
+        return None
+
+
+def _memo_put(token: str, value: str) -> None:
+    memo_path = _identity_memo_path()
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    memo[token] = value
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo, indent=1))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass  # a read-only cache still works, it only re-asks the compiler next time
+
+
+# Variables the compilers read: they change what a build includes, so they are part of its key.
+COMPILER_ENV = (
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+    "NVCC_CCBIN",
+)
+
+
+def compiler_environment() -> tuple[str, ...]:
+    """``NAME=value`` for each set variable of :data:`COMPILER_ENV`."""
+    return tuple(f"{k}={os.environ[k]}" for k in COMPILER_ENV if os.environ.get(k))
+
+
+@functools.cache
+def system_include_dirs(executable: str) -> tuple[str, ...]:
+    """The compiler's own include folders (``<exe> -E -v``), memoized on disk. Headers there belong
+    to the toolchain: its identity, not their contents, is what the cache records."""
+    found = shutil.which(executable)
+    if found is None:
+        return ()
+    real = os.path.realpath(found)
+    token = "system_include_dirs:" + _stat_token(real)
+    known = _memo_get(token)
+    if known is not None:
+        return tuple(known.split("\n")) if known else ()
+    env = {k: v for k, v in os.environ.items() if k not in COMPILER_ENV}
+    out = subprocess.run(
+        [real, "-E", "-v", "-x", "c++", os.devnull], capture_output=True, text=True, env=env
+    )
+    text = out.stdout + out.stderr
+    start, end = "#include <...> search starts here:", "End of search list."
+    dirs: list[str] = []
+    if start in text:
+        for line in text.split(start, 1)[1].split(end, 1)[0].splitlines():
+            line = line.strip().removesuffix(" (framework directory)")
+            if line:
+                dirs.append(os.path.normpath(line))
+    _memo_put(token, "\n".join(dirs))
+    return tuple(dirs)
 
 
 def host_cxx() -> str:
