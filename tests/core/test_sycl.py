@@ -512,3 +512,43 @@ def test_kernel_op_runs_sycl_kernel_on_cpu_tensors_when_forced(kernels):
         scale_(x, out, 3.0)
     assert ran == ["reference", "sycl"]
     torch.testing.assert_close(out, x * 3.0, rtol=0, atol=0)
+
+
+@needs_runtime
+@pytest.mark.sycl
+@pytest.mark.slow
+def test_sgljit_build_keeps_sycl_modules_on_disk(tmp_path, plugin_site):
+    """`sgljit build --backend sycl` compiles the declared SYCL specializations into the cache; a
+    fresh process with SGLJIT_NO_COMPILE=1 then loads and runs them without compiling."""
+    env = {
+        **os.environ,
+        "SGLJIT_CACHE_DIR": str(tmp_path / "cache"),
+        "SGLJIT_LOG": "info",
+        "PYTHONPATH": os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]),
+    }
+    build = subprocess.run(
+        [sys.executable, "-m", "sgljit.cli", "build", "--backend", "sycl", "--plugin", "good"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert "1 of 1 built" in build.stdout
+    assert list((tmp_path / "cache").glob("sycl/opencl-*/fixture_fill_3-*/*/fixture_fill_3.bin"))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch; from sgljit_fixture_good.ops import sycl_module\n"
+            "x = torch.zeros(100)\n"
+            "sycl_module(3).get_function('fill', ('ptr', 'i64'))(128, 64, x, 100)\n"
+            "assert x.eq(3).all(), x\nprint('OK')",
+        ],
+        capture_output=True,
+        text=True,
+        env={**env, "SGLJIT_NO_COMPILE": "1"},
+        timeout=300,
+    )
+    assert run.returncode == 0 and "OK" in run.stdout, run.stderr
+    assert "compiling" not in run.stderr

@@ -79,7 +79,7 @@ OWNER = ".sgljit-owner"  # in a staging folder: "<host>\n<pid>\n" of the process
 REPORT_WAIT_AFTER_S = 10.0
 # Another host's staging folder (or a foreign lock holder) is presumed dead after this long.
 FOREIGN_STAGING_MAX_AGE_S = 24 * 3600.0
-# Characters ninja and the shell take unquoted in a path; other build folders get a safe alias.
+# Characters ninja and the shell take unquoted in a path; other staging paths build elsewhere.
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=,@%-]+")
 
 
@@ -635,24 +635,24 @@ def clear_stale(root: Path | None = None) -> int:
 
 
 class _BuildFolder:
-    """The staging folder, or (when its path has characters ninja or the shell would split on) a
-    symbolic link to it with a plain name in the temporary folder."""
+    """Where the build runs: the staging folder itself, or, when its path has characters that ninja
+    or the shell would split on (tvm-ffi writes paths into build.ninja unquoted), a private folder
+    with a plain name in the temporary folder whose contents move into staging afterwards."""
 
     def __init__(self, staging: Path):
-        self.staging, self.alias = staging, None
+        self.staging, self.path = staging, staging
         if not _SAFE_PATH.fullmatch(str(staging)):
             tmp = tempfile.gettempdir()
             base = tmp if _SAFE_PATH.fullmatch(tmp) else "/tmp"
-            self.alias = Path(base) / f"sgljit-build-{uuid.uuid4().hex}"
-            os.symlink(staging, self.alias)
+            self.path = Path(tempfile.mkdtemp(prefix="sgljit-build-", dir=base))
 
-    @property
-    def path(self) -> Path:
-        return self.alias or self.staging
-
-    def close(self) -> None:
-        if self.alias is not None:
-            self.alias.unlink(missing_ok=True)
+    def finish(self) -> None:
+        """Move what the build wrote into the staging folder (a no-op when it ran there)."""
+        if self.path == self.staging or not self.path.exists():
+            return
+        for entry in self.path.iterdir():
+            shutil.move(str(entry), str(self.staging / entry.name))
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
@@ -673,10 +673,13 @@ def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
     logger.info("sgljit: compiling %s for %s %s ...", spec.name, spec.backend, spec.arch)
     folder = _BuildFolder(staging)
     try:
-        for name, text in spec.files.items():
-            (staging / name).write_text(text)
-        deps = spec.build(folder.path) or ()
-        module = spec.load(folder.path / spec.artifact)
+        try:
+            for name, text in spec.files.items():
+                (folder.path / name).write_text(text)
+            deps = spec.build(folder.path) or ()
+            module = spec.load(folder.path / spec.artifact)
+        finally:
+            folder.finish()
     except CompileError as err:
         raise _keep_failed(err, staging, group, folder.path) from None
     except OSError as err:
@@ -687,8 +690,6 @@ def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
         raise CompileError(
             f"built module {spec.name!r} could not be loaded: {err}", source_path=str(failed)
         ) from err
-    finally:
-        folder.close()
     try:
         variant = _write_manifest(spec, key, staging, folder.path, deps, started)
         group.mkdir(parents=True, exist_ok=True)

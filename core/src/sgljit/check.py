@@ -78,7 +78,7 @@ def _max_error(result: Any, expected: Any) -> float:
     return float(((r - e).abs() / (1 + e.abs())).nan_to_num(0.0).max())
 
 
-def run_checks(plugins: list[str] | None = None, repeats: int = 20) -> int:
+def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
     from .backend import use_backend
     from .plugins import discover, load_target
@@ -158,5 +158,5 @@ def add_parser(sub: Any) -> None:
         "check", help="run every installed op on each backend against its reference"
     )
     check.add_argument("--plugin", action="append", help="only this plugin (repeatable)")
-    check.add_argument("--repeats", type=int, default=20, help="timed calls per case")
+    check.add_argument("--repeats", type=int, default=5, help="timed calls per case (median)")
     check.set_defaults(fn=cmd_check)

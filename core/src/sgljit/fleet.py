@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .cache import MANIFEST, cache_root, published_entries, verify_entry
+from .cache import MANIFEST, _cache_error, cache_root, published_entries, verify_entry
+from .sycl import SAVED_SUFFIX
 from .plugins import load_target
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
@@ -84,6 +85,15 @@ def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
         result = load_target(job["builder"])(job["backend"], **job["spec"])
         if hasattr(result, "build"):  # a SYCL module: compile now, not at its first launch
             result.build()
+            if result.route == "rtc":
+                from .sycl import saved_binaries_supported
+
+                kept, backend = saved_binaries_supported()
+                if not kept:
+                    raise RuntimeError(
+                        f"compiled, but not kept on disk: the runtime compiler saves device "
+                        f"binaries for OpenCL devices only, and this SYCL device is {backend}"
+                    )
         return True, "", time.perf_counter() - started
     except Exception as err:
         return False, f"{type(err).__name__}: {err}", time.perf_counter() - started
@@ -181,6 +191,8 @@ def _verify(entry: Path) -> str | None:
     if problem:
         return problem
     manifest = json.loads((entry / MANIFEST).read_text())
+    if manifest["backend"] == "sycl" and manifest["artifact"].endswith(SAVED_SUFFIX):
+        return None  # a device binary of the runtime compiler: it loads on its own device only
     return _check_loads(manifest["backend"], entry / manifest["artifact"])
 
 
@@ -204,8 +216,11 @@ def _check_loads(backend: str, artifact: Path) -> str | None:
 def cache_import(file: str) -> int:
     """Unpack an exported cache, verify each module (key, checksum, loadability), publish the sound ones."""
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".import-{uuid.uuid4().hex[:8]}-", dir=root))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".import-{uuid.uuid4().hex[:8]}-", dir=root))
+    except OSError as err:
+        raise _cache_error(err, root, f"import {file}") from None
     bad = imported = skipped = 0
     try:
         with tarfile.open(file, "r:gz") as tar:

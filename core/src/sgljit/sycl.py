@@ -9,6 +9,10 @@
 
       pip install intel-sycl-rt==2026.1.2 intel-opencl-rt==2026.1.2
 
+  On OpenCL devices the built program's device binary goes into core's module cache (key: the
+  source, options, device, driver and runtime; dependencies from a preprocessor scan), so a fresh
+  process reloads it in milliseconds; on other backends it is compiled once per process.
+
 ``route="auto"`` takes icpx when it is on PATH, else rtc. Both routes launch through the same C ABI
 (``csrc/sycl_bridge.hpp``), on torch's current XPU queue for ``xpu`` tensors (asynchronously) and on
 the SYCL CPU device for CPU tensors (waiting: the caller reads host memory right after).
@@ -458,6 +462,7 @@ _programs: dict[tuple[str, str], _Program] = {}
 _programs_lock = threading.Lock()
 # A saved binary: one JSON line (format, kernel names), then the device binary.
 SAVED_FORMAT = "sgljit-sycl-opencl-binary-1"
+SAVED_SUFFIX = ".bin"
 
 
 def _compile_source(module: SYCLModule, queue: int, device_key: str) -> int:
@@ -531,7 +536,7 @@ def _rtc_spec(module: SYCLModule, queue: int, device_key: str, identity: str) ->
     the device, its driver and the runtime are in the key)."""
     rt, rtc, lib = find_runtime(), module._rtc, module._lib
     backend = identity.split("\t")[0]
-    artifact = f"{module.name}.bin"
+    artifact = module.name + SAVED_SUFFIX
 
     def build(folder: Path) -> list[str]:
         (folder / "module.cpp").write_text(rtc.source)

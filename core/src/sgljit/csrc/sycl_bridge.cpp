@@ -1,6 +1,8 @@
 // The runtime-compiler bridge: builds SYCL kernel *source* at run time with the runtime's
-// kernel_compiler extension (libsycl-jit), so no oneAPI toolkit is needed. Built once per runtime
-// by the host c++ against the runtime wheel's headers and libsycl; Python drives it via ctypes.
+// kernel_compiler extension (libsycl-jit), so no oneAPI toolkit is needed, and saves / reloads the
+// built program's device binary (OpenCL devices) so the module cache can keep it on disk. Built
+// once per runtime by the host c++ against the runtime wheel's headers and libsycl; Python drives
+// it via ctypes.
 #include <dlfcn.h>
 
 #include <optional>
