@@ -333,6 +333,27 @@ def bench_load_sycl(rep: Report, n: int, workdir: Path) -> None:
     )
 
 
+def bench_check_twice(rep: Report, workdir: Path) -> None:
+    """`sgljit check` twice on an empty cache: the first run compiles every module it needs, the
+    second must compile nothing."""
+    env = child_env(str(workdir / "cache-check"))
+    env["SGLJIT_LOG"] = "info"
+    for run in ("first", "second"):
+        started = time.perf_counter()
+        r = subprocess.run(
+            [sys.executable, "-m", "sgljit.cli", "check"], env=env, capture_output=True, text=True
+        )
+        seconds = time.perf_counter() - started
+        compiles = r.stderr.count("sgljit: compiling ")
+        last = (r.stdout.strip().splitlines() or ["?"])[-1]
+        rep.add(
+            f"sgljit check, {run} run on one cache (fresh process)",
+            f"{seconds:.1f} s",
+            "(1)",
+            f"{compiles} modules compiled; {last}" + ("" if r.returncode == 0 else " (FAILED)"),
+        )
+
+
 def per_call_us(fn, calls: int, sync=None) -> float:
     """Median over 7 rounds of wall time per call (calls back to back; sync at the end)."""
     for _ in range(max(10, calls // 10)):
@@ -548,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="fresh processes per measurement")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--skip-cuda-build", action="store_true", help="no CUDA cold build")
+    ap.add_argument(
+        "--check-twice", action="store_true", help="also time `sgljit check` twice on one cache"
+    )
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(HERE))
@@ -582,6 +606,11 @@ def main(argv: list[str] | None = None) -> int:
                 bench_load(rep, args.repeats, "cuda", work)
             except Exception as e:
                 rep.error("CUDA module", e)
+        if args.check_twice:
+            try:
+                bench_check_twice(rep, work)
+            except Exception as e:
+                rep.error("sgljit check twice", e)
         try:
             bench_host_overhead(rep, work)
         except Exception as e:

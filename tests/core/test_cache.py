@@ -321,9 +321,7 @@ def test_an_unreadable_module_folder_is_an_error_naming_it(cache_dir, monkeypatc
     assert str(group) in str(info.value) and "readable" in str(info.value)
 
 
-def test_no_space_while_writing_the_manifest_is_an_error_and_leaves_nothing(
-    cache_dir, monkeypatch
-):
+def test_no_space_while_writing_the_manifest_is_an_error_and_leaves_nothing(cache_dir, monkeypatch):
     real_write = Path.write_text
 
     def write_text(self, data, *args, **kwargs):

@@ -518,8 +518,9 @@ def test_kernel_op_runs_sycl_kernel_on_cpu_tensors_when_forced(kernels):
 @pytest.mark.sycl
 @pytest.mark.slow
 def test_sgljit_build_keeps_sycl_modules_on_disk(tmp_path, plugin_site):
-    """`sgljit build --backend sycl` compiles the declared SYCL specializations into the cache; a
-    fresh process with SGLJIT_NO_COMPILE=1 then loads and runs them without compiling."""
+    """`sgljit build --backend sycl` compiles the declared SYCL specializations into the cache; it
+    exports and imports like any cache, and a fresh process with SGLJIT_NO_COMPILE=1 then loads and
+    runs them from the imported cache without compiling."""
     env = {
         **os.environ,
         "SGLJIT_CACHE_DIR": str(tmp_path / "cache"),
@@ -536,6 +537,18 @@ def test_sgljit_build_keeps_sycl_modules_on_disk(tmp_path, plugin_site):
     assert build.returncode == 0, build.stdout + build.stderr
     assert "1 of 1 built" in build.stdout
     assert list((tmp_path / "cache").glob("sycl/opencl-*/fixture_fill_3-*/*/fixture_fill_3.bin"))
+    # export, then import into an empty cache: verified like any module, then used from there
+    archive = tmp_path / "sycl-cache.tar.gz"
+    for args, cache in ((["export", archive], "cache"), (["import", archive], "imported")):
+        moved = subprocess.run(
+            [sys.executable, "-m", "sgljit.cli", "cache", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env={**env, "SGLJIT_CACHE_DIR": str(tmp_path / cache)},
+        )
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert "imported 2 modules" in moved.stdout  # the bridge and the kernel module
+    env["SGLJIT_CACHE_DIR"] = str(tmp_path / "imported")
     run = subprocess.run(
         [
             sys.executable,

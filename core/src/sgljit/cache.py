@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import CacheError, CompileError, NoCompileError
+from .toolchain import ABSENT
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -73,7 +74,6 @@ MANIFEST = "sgljit-manifest.json"
 MANIFEST_FORMAT = 2
 # Fingerprint entries that start with this name a compiler ("toolchain: nvcc <--version text>").
 TOOLCHAIN = "toolchain: "
-ABSENT = "absent"  # a compiler's identity where it is not installed (toolchain.ABSENT)
 OWNER = ".sgljit-owner"  # in a staging folder: "<host>\n<pid>\n" of the process building there
 # A waiter reports who holds the build lock after this long.
 REPORT_WAIT_AFTER_S = 10.0

@@ -23,6 +23,7 @@ from .toolchain import (
     cuda_home,
     find_nvcc,
     host_cxx,
+    outside,
     system_include_dirs,
 )
 
@@ -169,7 +170,7 @@ def load_jit(
             [_ninja_arg(f) for f in extra_ldflags],
             arch,
         )
-        return [d for d in ninja_deps(folder) if not _under(d, system_dirs)]
+        return outside(ninja_deps(folder), system_dirs)
 
     spec = BuildSpec(
         backend=backend,
@@ -183,11 +184,6 @@ def load_jit(
         load=lambda path: tvm_ffi.load_module(str(path)),
     )
     return get_or_build(spec)
-
-
-def _under(path: str, folders: Sequence[str]) -> bool:
-    path = os.path.normpath(path)
-    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
 
 
 def ninja_deps(folder: Path) -> list[str]:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from .cache import MANIFEST, _cache_error, cache_root, published_entries, verify_entry
-from .sycl import SAVED_SUFFIX
 from .plugins import load_target
+from .sycl import SAVED_SUFFIX
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
 

@@ -53,6 +53,7 @@ from .toolchain import (
     compiler_environment,
     compiler_identity,
     host_cxx,
+    outside,
     short_hash,
     system_include_dirs,
 )
@@ -253,7 +254,7 @@ def bridge_spec(csrc_dir: Path = CSRC_DIR) -> BuildSpec:
         ]  # fmt: skip
         _run_compiler(cmd, folder, csrc_dir / "sycl_bridge.cpp")
         deps = read_depfile((folder / "bridge.d").read_text())
-        return [d for d in deps if not _under(d, (*system_include_dirs(cxx), str(rt.include)))]
+        return outside(deps, (*system_include_dirs(cxx), rt.include))
 
     return BuildSpec(
         backend="sycl",
@@ -271,11 +272,6 @@ def bridge_spec(csrc_dir: Path = CSRC_DIR) -> BuildSpec:
         build=build,
         load=_load_bridge,
     )
-
-
-def _under(path: str, folders: Sequence[str | os.PathLike]) -> bool:
-    path = os.path.normpath(path)
-    return any(path == str(f) or path.startswith(str(f).rstrip("/") + "/") for f in folders)
 
 
 @cache_once
@@ -528,7 +524,7 @@ def _scan_dependencies(folder: Path, rtc: RtcSource) -> list[str]:
     ]  # fmt: skip
     _run_compiler(cmd, folder, folder / "module.cpp")
     deps = read_depfile((folder / "module.d").read_text())
-    return [d for d in deps if not _under(d, system_include_dirs(cxx))]
+    return outside(deps, system_include_dirs(cxx))
 
 
 def _rtc_spec(module: SYCLModule, queue: int, device_key: str, identity: str) -> BuildSpec:
@@ -788,7 +784,7 @@ def plan_icpx_build(
         found = shutil.which(icpx)
         own = [os.path.dirname(os.path.dirname(os.path.realpath(found)))] if found else []
         deps = read_depfile((folder / "module.d").read_text())
-        return [d for d in deps if not _under(d, (*own, *system_include_dirs(icpx)))]
+        return outside(deps, (*own, *system_include_dirs(icpx)))
 
     spec = BuildSpec(
         backend="sycl",

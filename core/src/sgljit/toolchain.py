@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import SgljitError
@@ -142,6 +143,16 @@ def system_include_dirs(executable: str) -> tuple[str, ...]:
                 dirs.append(os.path.normpath(line))
     _memo_put(token, "\n".join(dirs))
     return tuple(dirs)
+
+
+def outside(paths: Iterable[str], folders: Iterable[str | os.PathLike]) -> list[str]:
+    """The paths not under any of ``folders`` (a dependency list without the toolchain's headers).
+
+    >>> outside(["/usr/include/stdio.h", "/src/k.h"], ["/usr/include"])
+    ['/src/k.h']
+    """
+    prefixes = [str(f).rstrip("/") + "/" for f in folders]
+    return [p for p in paths if not os.path.normpath(p).startswith(tuple(prefixes))]
 
 
 def host_cxx() -> str:
