@@ -65,6 +65,13 @@ def has_nvcc() -> bool:
 FIXTURE_PLUGINS = Path(__file__).parent / "core" / "fixtures" / "plugins"
 
 
+def env_with_site(site: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with ``site`` (e.g. the installed fixture plugins) first on
+    PYTHONPATH, plus ``extra``."""
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory) -> Path:
     """The four fixture distributions, pip-installed (wheel build, metadata, entry points)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import json
 import os
 import random
@@ -14,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ import sgljit
 from sgljit import cache
 
 from ..conftest import run_python
+from .test_fleet import import_archive, write_archive
 from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS, published
 
 # A module whose value is the sum of constants from headers reached four ways: a header in
@@ -180,24 +179,14 @@ def test_import_refuses_a_manifest_rewritten_to_vouch_for_a_patched_binary(cache
     so = bytearray((variant / manifest["artifact"]).read_bytes())
     so[-16:] = b"\0" * 16
     manifest["artifact_sha256"] = cache._sha256(bytes(so))  # consistent with the patched bytes
-    archive = tmp_path / "tampered.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for path in variant.iterdir():
-            if path.is_dir():
-                continue
-            data = path.read_bytes()
-            if path.name == manifest["artifact"]:
-                data = bytes(so)
-            elif path.name == cache.MANIFEST:
-                data = json.dumps(manifest).encode()
-            info = tarfile.TarInfo(f"{variant.relative_to(cache_dir)}/{path.name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    fresh = tmp_path / "fresh"
-    result = run_python(
-        f"from sgljit.cli import main; raise SystemExit(main(['cache', 'import', r'{archive}']))",
-        {"SGLJIT_CACHE_DIR": str(fresh)},
+    archive = write_archive(
+        tmp_path / "tampered.tar.gz",
+        variant,
+        cache_dir,
+        {manifest["artifact"]: bytes(so), cache.MANIFEST: json.dumps(manifest).encode()},
     )
+    fresh = tmp_path / "fresh"
+    result = import_archive(archive, fresh)
     assert result.returncode == 1
     assert "REJECTED" in result.stderr and "not named by the variant" in result.stderr
     assert not published(fresh)

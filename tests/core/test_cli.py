@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import env_with_site
 from .test_load_jit import load_add_one
 
 
@@ -75,12 +76,8 @@ def test_include_readme_exists():
 
 
 def test_check_runs_ops_against_their_reference(plugin_site):
-    import os
 
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = env_with_site(plugin_site)
     good = subprocess.run(
         [sys.executable, "-m", "sgljit.cli", "check", "--plugin", "good", "--repeats", "2"],
         capture_output=True,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
-from ..conftest import has_nvcc, run_python, run_python_concurrently
+from ..conftest import env_with_site, has_nvcc, run_python, run_python_concurrently
 from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS, published
 
 
@@ -42,10 +42,7 @@ def test_export_import_into_a_fresh_cache_then_run_without_compiling(cache_dir, 
 
     fresh = tmp_path / "fresh"
     env = {"SGLJIT_CACHE_DIR": str(fresh)}
-    imported = run_python(
-        f"from sgljit.cli import main; raise SystemExit(main(['cache', 'import', r'{archive}']))",
-        env,
-    )
+    imported = import_archive(archive, fresh)
     assert imported.returncode == 0, imported.stderr
     assert "imported 1 modules" in imported.stdout
     again = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0), {**env, "SGLJIT_NO_COMPILE": "1"})
@@ -53,23 +50,35 @@ def test_export_import_into_a_fresh_cache_then_run_without_compiling(cache_dir, 
     assert "compiling" not in again.stderr
 
 
+def write_archive(archive: Path, variant: Path, cache_dir: Path, replace: dict[str, bytes]) -> Path:
+    """An export-style archive of one published variant, with some files' bytes replaced."""
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(p for p in variant.iterdir() if p.is_file()):
+            data = replace.get(path.name, path.read_bytes())
+            info = tarfile.TarInfo(f"{variant.relative_to(cache_dir)}/{path.name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def import_archive(archive: Path, cache: Path) -> subprocess.CompletedProcess:
+    """`sgljit cache import ARCHIVE` into ``cache``, in a fresh process."""
+    code = f"from sgljit.cli import main; raise SystemExit(main(['cache', 'import', r'{archive}']))"
+    return run_python(code, {"SGLJIT_CACHE_DIR": str(cache)})
+
+
 def test_import_rejects_a_tampered_module(cache_dir, tmp_path):
     assert run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0)).returncode == 0
     [folder] = published(cache_dir)
-    archive = tmp_path / "tampered.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for path in folder.iterdir():
-            data = path.read_bytes()
-            if path.suffix == ".so":
-                data = data[:-16] + b"\0" * 16  # same size, different bytes
-            info = tarfile.TarInfo(f"{folder.relative_to(cache_dir)}/{path.name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    fresh = tmp_path / "fresh"
-    result = run_python(
-        f"from sgljit.cli import main; raise SystemExit(main(['cache', 'import', r'{archive}']))",
-        {"SGLJIT_CACHE_DIR": str(fresh)},
+    so = next(folder.glob("*.so"))
+    archive = write_archive(
+        tmp_path / "tampered.tar.gz",
+        folder,
+        cache_dir,
+        {so.name: so.read_bytes()[:-16] + b"\0" * 16},  # same size, different bytes
     )
+    fresh = tmp_path / "fresh"
+    result = import_archive(archive, fresh)
     assert result.returncode == 1
     assert "REJECTED" in result.stderr and "sha256" in result.stderr
     assert not published(fresh)
@@ -77,10 +86,7 @@ def test_import_rejects_a_tampered_module(cache_dir, tmp_path):
 
 @pytest.mark.skipif(not has_nvcc(), reason="nvcc not found")
 def test_build_prebuilds_declared_kernels_and_reports_failures(cache_dir, plugin_site):
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = env_with_site(plugin_site)
     result = subprocess.run(
         [
             sys.executable,

@@ -291,3 +291,17 @@ def test_arch_override_is_validated(monkeypatch):
     monkeypatch.setenv("SGLJIT_CUDA_ARCH", "sm_90")
     with pytest.raises(sgljit.SgljitError, match="sm_90"):
         cuda_arch_list()
+
+
+def test_two_source_folders_of_one_module_are_two_modules_in_one_process(cache_dir, tmp_path):
+    """The key names the source folder by role, so both folders share it on disk; in a process
+    each still gets the build of its own files."""
+    other = tmp_path / "other"
+    shutil.copytree(KERNELS, other)
+    (other / "offset.h").write_text("#pragma once\ninline constexpr int kOffset = 100;\n")
+    x, y = torch.zeros(4), torch.zeros(4)
+    load_add_one().add_one(x, 1.0)
+    load_add_one(other).add_one(y, 1.0)
+    assert x.tolist() == [1.0] * 4 and y.tolist() == [101.0] * 4
+    variants = published(cache_dir)
+    assert len(variants) == 2 and len({v.parent for v in variants}) == 1

@@ -387,7 +387,10 @@ def clear_module_cache() -> None:
 def get_or_build(spec: BuildSpec) -> Any:
     """Return the loaded module for ``spec``, building and publishing it on a miss."""
     key = cache_key(spec)
-    memo_key = f"{spec.backend}/{spec.arch}/{spec.name}-{key}"
+    # The key names folders by role; in one process, other folders of the same module are another
+    # module (their files decide which build is theirs).
+    roots = ",".join(f"{r}={spec.roots[r]}" for r in sorted(spec.roots))
+    memo_key = f"{spec.backend}/{spec.arch}/{spec.name}-{key}|{roots}"
     try:
         return _memo[memo_key]
     except KeyError:
@@ -498,8 +501,8 @@ def _load_or_build(spec: BuildSpec, key: str) -> Any:
         ) from None
     from filelock import FileLock  # only on a miss: importing it costs more than a warm load
 
-    with _Acquire(FileLock(str(lock_path)), spec, group):
-        found = _find(spec, group)
+    with _Acquire(FileLock(str(lock_path)), spec, group) as published_meanwhile:
+        found = published_meanwhile or _find(spec, group)
         if found.module is not None:
             return found.module  # another process published it while we waited
         for folder, problem in found.broken:
@@ -521,7 +524,8 @@ class _Acquire:
         self.lock, self.spec, self.group = lock, spec, group
         self.owner = Path(lock.lock_file + ".owner")
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> _Found | None:
+        """None once the lock is held; the lookup's result when a usable build appeared."""
         from filelock import Timeout
 
         started = time.monotonic()
@@ -532,18 +536,19 @@ class _Acquire:
                 self.lock.acquire(timeout=0.5)
                 with contextlib.suppress(OSError):  # only used to tell waiters who we are
                     self.owner.write_text(f"{host_id()}\n{os.getpid()}\n{time.time():.0f}\n")
-                return
+                return None
             except Timeout:
                 waited = time.monotonic() - started
-                if _find(self.spec, self.group).module is not None:
-                    return  # published meanwhile: the re-check under "lock" will load it
+                found = _find(self.spec, self.group)
+                if found.module is not None:
+                    return found  # published meanwhile (perhaps by another host)
                 if waited > give_up_after:
                     logger.warning(
                         "sgljit: build lock %s still held after %.0fs; building anyway",
                         self.lock.lock_file,
                         give_up_after,
                     )
-                    return
+                    return None
                 if not reported and waited > REPORT_WAIT_AFTER_S:
                     reported = True
                     logger.warning(

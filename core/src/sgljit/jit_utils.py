@@ -142,6 +142,12 @@ def cache_once(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def forget_on_clear(memo: dict) -> dict:
+    """Register a process-wide memo that :func:`sgljit.clear_module_cache` empties."""
+    _all_memos.append(memo)
+    return memo
+
+
 def clear_cache_once() -> None:
     for memo in _all_memos:
         memo.clear()

@@ -48,7 +48,7 @@ from typing import Any
 
 from .cache import TOOLCHAIN, BuildSpec, cache_key, cache_root, get_or_build, read_depfile
 from .errors import CompileError, NoCompileError, SgljitError
-from .jit_utils import cache_once, module_name
+from .jit_utils import cache_once, forget_on_clear, module_name
 from .toolchain import (
     compiler_environment,
     compiler_identity,
@@ -454,7 +454,7 @@ class _Program:
 
 
 # Programs per process: (module key, device key) → _Program. Never freed: launched kernels use them.
-_programs: dict[tuple[str, str], _Program] = {}
+_programs: dict[tuple[str, str], _Program] = forget_on_clear({})
 _programs_lock = threading.Lock()
 # A saved binary: one JSON line (format, kernel names), then the device binary.
 SAVED_FORMAT = "sgljit-sycl-opencl-binary-1"
@@ -464,9 +464,7 @@ SAVED_SUFFIX = ".bin"
 def _compile_source(module: SYCLModule, queue: int, device_key: str) -> int:
     rtc, lib = module._rtc, module._lib
     opts = [o.encode() for o in rtc.options]
-    logger.info(
-        "sgljit: compiling SYCL module %s on %s (runtime compiler) ...", module.name, device_key
-    )
+    logger.debug("sgljit: runtime compiler: %s on %s", module.name, device_key)
     handle = lib.sgljit_sycl_build(
         queue, rtc.source.encode(), len(opts), (ctypes.c_char_p * len(opts))(*opts)
     )
@@ -576,6 +574,12 @@ def _rtc_program(module: SYCLModule, queue: int, device_key: str) -> _Program:
                     "saves binaries for OpenCL devices only) and SGLJIT_NO_COMPILE is set; use "
                     "the icpx route (oneAPI) to prebuild it, or unset SGLJIT_NO_COMPILE"
                 )
+            logger.info(
+                "sgljit: compiling %s for %s in this process (runtime compiler; not kept on disk "
+                "on this backend) ...",
+                module.name,
+                device_key,
+            )
             program = _Program(_compile_source(module, queue, device_key), {})
         _programs[(module.key, device_key)] = program
         return program
@@ -629,7 +633,9 @@ def _load_rtc(name, files, include_dirs, cflags) -> SYCLModule:
         roots=roots,
         kernels=kernels,
     )
-    key = short_hash(name, source, *rtc.key_options)
+    # In-process identity: by path (two source folders of one module name are two modules here;
+    # on disk the key names folders by role and the recorded dependencies tell builds apart).
+    key = short_hash(name, source, *rtc.options)
     return SYCLModule(name, "rtc", key, lib, rtc=rtc)
 
 

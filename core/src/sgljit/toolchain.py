@@ -58,27 +58,17 @@ def compiler_identity(executable: str, *version_args: str) -> str:
     real = os.path.realpath(found)
     args = version_args or ("--version",)
     token = _stat_token(real) + ":" + " ".join(args)
-    memo_path = _identity_memo_path()
-    try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    if token in memo:
-        return memo[token]
+    known = _memo_get(token)
+    if known is not None:
+        return known
     out = subprocess.run([real, *args], capture_output=True, text=True, check=False)
     identity = (out.stdout + out.stderr).strip()
-    memo[token] = identity
-    try:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        os.replace(tmp, memo_path)
-    except OSError:
-        pass  # a read-only cache still works, it only re-asks the compiler next time
+    _memo_put(token, identity)
     return identity
 
 
 def _memo_get(token: str) -> str | None:
+    """A value of the on-disk memo of toolchain facts (``<cache>/toolchains.json``)."""
     try:
         return json.loads(_identity_memo_path().read_text()).get(token)
     except (OSError, ValueError):
@@ -86,6 +76,7 @@ def _memo_get(token: str) -> str | None:
 
 
 def _memo_put(token: str, value: str) -> None:
+    """Record a toolchain fact; a read-only cache only means asking the compiler again."""
     memo_path = _identity_memo_path()
     try:
         memo = json.loads(memo_path.read_text())
@@ -183,24 +174,15 @@ def cuda_home() -> str:
     if nvcc is None:
         raise SgljitError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
     token = "cuda_home:" + _stat_token(os.path.realpath(nvcc))
-    memo_path = _identity_memo_path()
-    try:
-        memo = json.loads(memo_path.read_text())
-        if token in memo and Path(memo[token], "bin", "nvcc").exists():
-            return memo[token]
-    except (OSError, ValueError):
-        memo = {}
+    known = _memo_get(token)
+    if known is not None and Path(known, "bin", "nvcc").exists():
+        return known
     out = subprocess.run(
         [nvcc, "--dryrun", "-v", "-x", "cu", os.devnull], capture_output=True, text=True
     )
     match = re.search(r"^#\$ TOP=(.+)$", out.stdout + out.stderr, re.MULTILINE)
     home = str(Path(match.group(1).strip()).resolve()) if match else str(Path(nvcc).parent.parent)
-    memo[token] = home
-    try:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
-        memo_path.write_text(json.dumps(memo, indent=1))
-    except OSError:
-        pass
+    _memo_put(token, home)
     return home
 
 
