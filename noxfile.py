@@ -11,6 +11,7 @@ reuse the machine's own torch (the venv sees system site-packages).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -97,6 +98,8 @@ def build(session: nox.Session) -> None:
     for pkg in PACKAGES:
         session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), pkg)
     wheelhouse = Path(session.create_tmp()) / "wheelhouse"
+    # A kept folder would hold the last run's sgljit wheel, which pip download does not replace.
+    shutil.rmtree(wheelhouse, ignore_errors=True)
     session.run(
         "python",
         "-m",

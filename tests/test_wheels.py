@@ -53,3 +53,14 @@ def test_plugin_wheel_installs_offline_into_a_fresh_venv(tmp_path):
     ).stdout
     for name in names:
         assert name in listing, listing
+    # what a new user runs first: no warnings on import (torch warns without numpy), and the
+    # installed ops pass their checks against the references
+    first = subprocess.run(
+        [str(venv / "bin" / "sgljit"), "check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SGLJIT_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "Warning" not in first.stderr, first.stderr
+    assert " passed" in first.stdout.strip().splitlines()[-1]
