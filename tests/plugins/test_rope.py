@@ -139,7 +139,7 @@ def test_apply_rope_strided_qkv_views(backend):
         want_q = oracle(before[:, : Hq * D].view(T, Hq, D), cache, pos, True)
         want_k = oracle(before[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D), cache, pos, True)
         with using(backend):
-            sgljit.ops.apply_rope(q, k, cache, pos)
+            sgljit.ops.apply_rope(q, k, cache, pos, head_dim=D if flat else None)
         assert_close(qkv[:, : Hq * D].view(T, Hq, D), want_q, dtype)
         assert_close(qkv[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D), want_k, dtype)
         assert torch.equal(qkv[:, (Hq + Hk) * D :], before[:, (Hq + Hk) * D :])
@@ -299,6 +299,10 @@ def _args(dev="cpu", T=4, D=64):
         (lambda a: {**a, "q": torch.randn(4, 2, 128)[:, :, ::2]}, ValueError, "q: the last dim"),
         (lambda a: {**a, "q": a["q"].transpose(1, 2)}, ValueError, "head_dim"),
         (lambda a: {**a, "q": [1, 2]}, TypeError, "q"),
+        # flattened q and k: the head size cannot be read (with partial rotary, heads as wide as
+        # the cache would be rotated: silently wrong)
+        (lambda a: {**a, "q": a["q"].flatten(1), "k": a["k"].flatten(1)}, ValueError, "head_dim="),
+        (lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]}, ValueError, "cos_sin_cache"),
     ],
 )
 def test_bad_inputs_apply_rope(mutate, exc, match):

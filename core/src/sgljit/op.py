@@ -48,6 +48,8 @@ class KernelOp:
                 f"kernel_op {name!r}: mutates_args {sorted(unknown)} are not parameters"
             )
         self._first_tensor = params[0]
+        self._params = tuple(params)
+        self._written = tuple((params.index(a), a) for a in mutates_args)
 
         def dispatch(*args, **kwargs):
             return self._dispatch(*args, **kwargs)
@@ -75,13 +77,60 @@ class KernelOp:
         impl = self.impls.get(backend)
         if impl is None:
             raise NotImplementedError(f"sgljit::{self.name} has no {backend} implementation")
+        self._check_arguments(backend, args, kwargs)
         impl(*args, **kwargs)
+
+    def _check_arguments(self, backend: str, args: tuple, kwargs: dict) -> None:
+        """What no kernel can see: a written tensor whose elements share memory (an expanded
+        view: concurrent writes race, the result is garbage), and tensors that want a gradient
+        from a kernel without a backward."""
+        for i, name in self._written:
+            t = args[i] if i < len(args) else kwargs.get(name)
+            if isinstance(t, torch.Tensor) and not t.is_contiguous() and _may_overlap(t):
+                raise ValueError(
+                    f"{name}: sgljit::{self.name} writes it, but its elements may share memory "
+                    f"(shape {tuple(t.shape)}, strides {t.stride()}: an expanded or otherwise "
+                    "self-overlapping view); pass a tensor whose elements are distinct"
+                )
+        if backend != "reference" and torch.is_grad_enabled():
+            for name, a in zip(self._params, args, strict=False):
+                _refuse_grad(self.name, backend, name, a)
+            for name, a in kwargs.items():
+                _refuse_grad(self.name, backend, name, a)
 
     def __call__(self, *args, **kwargs) -> None:
         if torch.compiler.is_compiling():
             self.custom_op(*args, **kwargs)
         else:
             self._dispatch(*args, **kwargs)
+
+
+def _may_overlap(t: torch.Tensor) -> bool:
+    """False when the strides prove every element has its own address: sorted by stride, each
+    dimension steps past everything the smaller ones span (true of every strided slice of a dense
+    tensor). True for expanded views (stride 0), and for the rare interleaved layouts this cannot
+    prove apart.
+
+    >>> _may_overlap(torch.zeros(1, 8).expand(4, 8)), _may_overlap(torch.zeros(4, 16)[:, 4:12])
+    (True, False)
+    """
+    span = 1
+    for stride, size in sorted(
+        (st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1
+    ):
+        if stride < span:
+            return True
+        span = stride * (size - 1) + span
+    return False
+
+
+def _refuse_grad(op: str, backend: str, name: str, value: object) -> None:
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        raise RuntimeError(
+            f"{name}: requires grad, but sgljit::{op} is inference-only on {backend} (its kernels "
+            "have no backward); call it under torch.no_grad() or torch.inference_mode(), or pass "
+            f"{name}.detach()"
+        )
 
 
 def kernel_op(

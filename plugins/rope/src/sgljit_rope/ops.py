@@ -324,8 +324,17 @@ def _validate_common(q, k, cos_sin_cache, positions, rotary_dim, head_dim, is_ne
         raise ValueError(
             f"rotary_dim: {rotary_dim} does not match the width of cos_sin_cache ({width})"
         )
+    if cos_sin_cache.shape[0] == 0:
+        raise ValueError("cos_sin_cache: expected [max_pos, rotary_dim] with max_pos >= 1, got 0 rows")
     if head_dim is None:
-        head_dim = q.shape[-1] if q.dim() == 3 else rotary_dim
+        shaped = [x.shape[-1] for x in (q, k) if x.dim() == 3]
+        if not shaped:
+            raise ValueError(
+                f"head_dim: q and k are flattened [T, heads * head_dim], so the head size cannot be "
+                f"read from them (with a cos_sin_cache of width {rotary_dim}, heads of {rotary_dim} "
+                "and wider heads with partial rotary look alike); pass head_dim="
+            )
+        head_dim = shaped[0]
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
     if rotary_dim > head_dim:
@@ -377,8 +386,9 @@ def apply_rope(
     ``cos_sin_cache`` float32 ``[max_pos, rotary_dim]`` (cos | sin), ``positions`` int32/int64
     ``[T]``. ``is_neox``: pairs ``(i, i + r/2)``, else gptj pairs ``(2i, 2i + 1)``. Only the first
     ``rotary_dim`` dims of each head rotate; the rest are untouched. ``rotary_dim`` defaults to
-    the cache's width; ``head_dim`` is needed only for flattened ``[T, H * D]`` inputs with
-    ``D != rotary_dim``. q and k may be strided views (e.g. into a qkv buffer).
+    the cache's width; ``head_dim`` is needed when q and k are both flattened ``[T, H * D]``
+    (the head size cannot be read from them). q and k may be strided views (e.g. into a qkv
+    buffer).
     """
     head_dim, _ = _validate_common(q, k, cos_sin_cache, positions, rotary_dim, head_dim, is_neox)
     q3, k3 = _heads_view(q, "q", head_dim), _heads_view(k, "k", head_dim)

@@ -1,0 +1,136 @@
+"""What no kernel can check for itself, on every backend and op: a written tensor whose elements
+share memory (an expanded view: concurrent writes race and the result is garbage) is refused,
+naming the argument; a tensor that requires grad is refused by the kernels (they have no
+backward) and accepted by the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgljit
+
+from .common import BACKENDS
+
+T, H, D = 4, 64, 64
+
+
+def expanded(shape, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """A tensor of ``shape`` whose rows are one row: stride 0 in the first dimension."""
+    return torch.zeros((1, *shape[1:]), dtype=dtype, device=device).expand(*shape)
+
+
+def qk(device):
+    return torch.randn(T, 2, D, device=device), torch.randn(T, 1, D, device=device)
+
+
+def rope_cache(device):
+    return torch.randn(16, D, device=device)
+
+
+# (op call with one written argument expanded, the argument's name). Each builds fresh inputs.
+OVERLAPPING = {
+    "rmsnorm out": (
+        lambda dev: sgljit.ops.rmsnorm(
+            torch.randn(T, H, device=dev),
+            torch.randn(H, device=dev),
+            out=expanded((T, H), device=dev),
+        ),
+        "out",
+    ),
+    "fused_add_rmsnorm residual": (
+        lambda dev: sgljit.ops.fused_add_rmsnorm(
+            torch.randn(T, H, device=dev), expanded((T, H), device=dev), torch.randn(H, device=dev)
+        ),
+        "residual",
+    ),
+    "gemma_fused_add_rmsnorm input": (
+        lambda dev: sgljit.ops.gemma_fused_add_rmsnorm(
+            expanded((T, H), device=dev), torch.randn(T, H, device=dev), torch.randn(H, device=dev)
+        ),
+        "input",
+    ),
+    "qknorm q": (
+        lambda dev: sgljit.ops.qknorm(
+            expanded((T, 2, D), device=dev),
+            torch.randn(T, 1, D, device=dev),
+            torch.randn(D, device=dev),
+            torch.randn(D, device=dev),
+        ),
+        "q",
+    ),
+    "qknorm_across_heads k": (
+        lambda dev: sgljit.ops.qknorm_across_heads(
+            torch.randn(T, 2 * D, device=dev),
+            expanded((T, D), device=dev),
+            torch.randn(2 * D, device=dev),
+            torch.randn(D, device=dev),
+        ),
+        "k",
+    ),
+    "apply_rope q": (
+        lambda dev: sgljit.ops.apply_rope(
+            expanded((T, 2, D), device=dev),
+            qk(dev)[1],
+            rope_cache(dev),
+            torch.arange(T, device=dev),
+        ),
+        "q",
+    ),
+    "per_token_quant_fp8 out": (
+        lambda dev: sgljit.ops.per_token_quant_fp8(
+            torch.randn(T, H, device=dev),
+            out=expanded((T, H), dtype=torch.float8_e4m3fn, device=dev),
+        ),
+        "out",
+    ),
+    "per_tensor_quant_fp8 out": (
+        lambda dev: sgljit.ops.per_tensor_quant_fp8(
+            torch.randn(T, H, device=dev),
+            torch.ones(1, device=dev),
+            out=expanded((T, H), dtype=torch.float8_e4m3fn, device=dev),
+        ),
+        "out",
+    ),
+    "timestep_embedding out": (
+        lambda dev: sgljit.ops.timestep_embedding(
+            torch.arange(T, dtype=torch.float32, device=dev), H, out=expanded((T, H), device=dev)
+        ),
+        "out",
+    ),
+}
+
+
+def backend_device(backend: str) -> tuple[str, object]:
+    return ("cuda" if backend == "cuda" else "cpu"), sgljit.use_backend(backend)
+
+
+@pytest.mark.parametrize("case", sorted(OVERLAPPING))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_written_tensor_whose_elements_overlap_is_refused(backend, case):
+    call, name = OVERLAPPING[case]
+    device, ctx = backend_device(backend)
+    with ctx, pytest.raises(ValueError, match=rf"^{name}: "):
+        call(device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_that_require_grad(backend):
+    device, ctx = backend_device(backend)
+    x = torch.randn(T, H, device=device, requires_grad=True)
+    w = torch.randn(H, device=device)
+    with ctx:
+        if backend == "reference":  # the PyTorch reference keeps the graph
+            assert sgljit.ops.rmsnorm(x, w).grad_fn is not None
+        else:
+            with pytest.raises(RuntimeError, match=r"^input: requires grad.*inference-only"):
+                sgljit.ops.rmsnorm(x, w)
+            q, k = qk(device)
+            with pytest.raises(RuntimeError, match=r"^k: requires grad"):
+                sgljit.ops.apply_rope(
+                    q, k.requires_grad_(), rope_cache(device), torch.arange(T, device=device)
+                )
+        with torch.no_grad():  # the way to call a kernel on such tensors
+            y = sgljit.ops.rmsnorm(x, w)
+    expected = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
