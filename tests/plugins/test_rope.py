@@ -417,7 +417,7 @@ def test_cuda_misaligned_views_use_narrower_vectors():
         q = buf[:, shift : shift + Hq * D]
         k = buf[:, shift + Hq * D :]
         assert ops._pick_vec((q.view(T, Hq, D), k.view(T, Hk, D)), cache, D, D) == shift
-        sgljit.ops.apply_rope(q, k, cache, pos)
+        sgljit.ops.apply_rope(q, k, cache, pos, head_dim=D)
         assert_close(
             q.view(T, Hq, D),
             oracle(before[:, shift : shift + Hq * D].view(T, Hq, D), cache, pos, True),
@@ -464,7 +464,7 @@ def test_cuda_torch_compile_fullgraph():
         q = qkv[:, : Hq * D]
         k = qkv[:, Hq * D : (Hq + Hk) * D]
         v = qkv[:, (Hq + Hk) * D :]
-        sgljit.ops.apply_rope(q, k, cache, pos)
+        sgljit.ops.apply_rope(q, k, cache, pos, head_dim=D)
         q2 = q.view(T, Hq, D) * 2
         sgljit.ops.apply_rope_with_kv_cache(q2, k, v, kc, vc, cache, pos, loc)
         return q2 + 0

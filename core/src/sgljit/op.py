@@ -93,10 +93,13 @@ class KernelOp:
                     "self-overlapping view); pass a tensor whose elements are distinct"
                 )
         if backend != "reference" and torch.is_grad_enabled():
-            for name, a in zip(self._params, args, strict=False):
-                _refuse_grad(self.name, backend, name, a)
+            Tensor = torch.Tensor
+            for i, a in enumerate(args):
+                if isinstance(a, Tensor) and a.requires_grad:
+                    raise _inference_only(self.name, backend, self._params[i])
             for name, a in kwargs.items():
-                _refuse_grad(self.name, backend, name, a)
+                if isinstance(a, Tensor) and a.requires_grad:
+                    raise _inference_only(self.name, backend, name)
 
     def __call__(self, *args, **kwargs) -> None:
         if torch.compiler.is_compiling():
@@ -124,13 +127,12 @@ def _may_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-def _refuse_grad(op: str, backend: str, name: str, value: object) -> None:
-    if isinstance(value, torch.Tensor) and value.requires_grad:
-        raise RuntimeError(
-            f"{name}: requires grad, but sgljit::{op} is inference-only on {backend} (its kernels "
-            "have no backward); call it under torch.no_grad() or torch.inference_mode(), or pass "
-            f"{name}.detach()"
-        )
+def _inference_only(op: str, backend: str, name: str) -> RuntimeError:
+    return RuntimeError(
+        f"{name}: requires grad, but sgljit::{op} is inference-only on {backend} (its kernels have "
+        f"no backward); call it under torch.no_grad() or torch.inference_mode(), or pass "
+        f"{name}.detach()"
+    )
 
 
 def kernel_op(
