@@ -136,6 +136,28 @@ def test_the_manifest_records_every_header_read_including_tvm_ffi(cache_dir, tmp
     assert not any(p.startswith("/usr/include") for p in deps)  # the toolchain's: its identity
 
 
+def test_an_edit_of_an_installed_tvm_ffi_header_rebuilds(cache_dir):
+    """tvm-ffi's headers are read through its own include path: an edit in place (a patched
+    install) rebuilds, and putting the file back finds the first build again."""
+    from sgljit.cuda import _tvm_ffi_roots
+
+    header = _tvm_ffi_roots()["tvm_ffi"] / "tvm" / "ffi" / "container" / "tensor.h"
+    if not os.access(header, os.W_OK):
+        pytest.skip(f"{header} is not writable here")
+    code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
+    assert "compiling add_one" in run_python(code).stderr
+    original = header.read_bytes()
+    try:
+        header.write_bytes(original + b"\n// edited in place by sgljit's tests\n")
+        edited = run_python(code)
+    finally:
+        header.write_bytes(original)
+    assert edited.returncode == 0 and "compiling add_one" in edited.stderr, edited.stderr
+    restored = run_python(code)
+    assert restored.returncode == 0 and "compiling" not in restored.stderr, restored.stderr
+    assert len(published(cache_dir)) == 2
+
+
 def test_random_header_edits_across_fresh_processes(cache_dir, tmp_path):
     """30 rounds, each in a fresh process: edit one header of the four-way include chain (or none);
     the value must reflect every edit, and a round without an edit must not compile."""
