@@ -419,8 +419,15 @@ def _variants(group: Path) -> list[Path]:
         return []
     except OSError as err:
         raise _cache_error(err, group, "read the module's folder") from None
-    entries.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)  # newest first
+    entries.sort(key=_mtime_ns, reverse=True)  # newest first
     return [Path(e.path) for e in entries]
+
+
+def _mtime_ns(entry: os.DirEntry) -> int:
+    try:
+        return entry.stat().st_mtime_ns
+    except OSError:  # moved aside by another process meanwhile: looked at last, then skipped
+        return 0
 
 
 def _find(spec: BuildSpec, group: Path) -> _Found:
@@ -432,6 +439,8 @@ def _find(spec: BuildSpec, group: Path) -> _Found:
             problem = _toolchain_problem(manifest["toolchain"], toolchain) or _deps_problem(
                 manifest["deps"], spec.roots
             )
+        except FileNotFoundError:
+            continue  # moved aside by another process since the listing
         except PermissionError as err:
             raise _cache_error(err, folder, "read a built module") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
@@ -443,6 +452,8 @@ def _find(spec: BuildSpec, group: Path) -> _Found:
         artifact = folder / spec.artifact
         try:
             data = artifact.read_bytes()
+        except FileNotFoundError:
+            continue
         except PermissionError as err:
             raise _cache_error(err, folder, "read a built module") from None
         except OSError as err:
