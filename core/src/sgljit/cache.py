@@ -439,12 +439,11 @@ def _find(spec: BuildSpec, group: Path) -> _Found:
             problem = _toolchain_problem(manifest["toolchain"], toolchain) or _deps_problem(
                 manifest["deps"], spec.roots
             )
-        except FileNotFoundError:
-            continue  # moved aside by another process since the listing
         except PermissionError as err:
             raise _cache_error(err, folder, "read a built module") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
-            found.broken.append((folder, f"unreadable {MANIFEST} ({err})"))
+            if folder.exists():  # else moved aside by another process since the listing
+                found.broken.append((folder, f"unreadable {MANIFEST} ({err})"))
             continue
         if problem:
             found.mismatches.append(f"{folder.name}: {problem}")
@@ -452,12 +451,11 @@ def _find(spec: BuildSpec, group: Path) -> _Found:
         artifact = folder / spec.artifact
         try:
             data = artifact.read_bytes()
-        except FileNotFoundError:
-            continue
         except PermissionError as err:
             raise _cache_error(err, folder, "read a built module") from None
         except OSError as err:
-            found.broken.append((folder, f"artifact unreadable ({err})"))
+            if folder.exists():
+                found.broken.append((folder, f"artifact unreadable ({err})"))
             continue
         if (
             len(data) != manifest.get("artifact_bytes")
