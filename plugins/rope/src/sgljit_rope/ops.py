@@ -325,7 +325,9 @@ def _validate_common(q, k, cos_sin_cache, positions, rotary_dim, head_dim, is_ne
             f"rotary_dim: {rotary_dim} does not match the width of cos_sin_cache ({width})"
         )
     if cos_sin_cache.shape[0] == 0:
-        raise ValueError("cos_sin_cache: expected [max_pos, rotary_dim] with max_pos >= 1, got 0 rows")
+        raise ValueError(
+            "cos_sin_cache: expected [max_pos, rotary_dim] with max_pos >= 1, got 0 rows"
+        )
     if head_dim is None:
         shaped = [x.shape[-1] for x in (q, k) if x.dim() == 3]
         if not shaped:
