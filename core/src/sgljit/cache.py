@@ -339,8 +339,16 @@ def verify_entry(folder: Path) -> str | None:
         data = (folder / m["artifact"]).read_bytes()
     except OSError as err:
         return f"artifact unreadable: {err}"
-    if len(data) != m["artifact_bytes"] or _sha256(data) != m["artifact_sha256"]:
-        return "artifact does not match the size and sha256 recorded when it was built"
+    return _artifact_problem(folder, m, data)
+
+
+def _artifact_problem(folder: Path, manifest: Mapping, data: bytes) -> str | None:
+    """Why an artifact's bytes are not what its manifest (and the folder named by it) vouch for."""
+    digest = manifest.get("artifact_sha256")
+    if len(data) != manifest.get("artifact_bytes") or _sha256(data) != digest:
+        return "its artifact does not match the sha256 (and size) recorded when it was built"
+    if folder.name != _variant_name(manifest["toolchain"], manifest["deps"], digest):
+        return "its folder is not named by the variant its manifest describes"
     return None
 
 
@@ -457,15 +465,9 @@ def _find(spec: BuildSpec, group: Path) -> _Found:
             if folder.exists():
                 found.broken.append((folder, f"artifact unreadable ({err})"))
             continue
-        if (
-            len(data) != manifest.get("artifact_bytes")
-            or _sha256(data) != manifest.get("artifact_sha256")
-            or folder.name
-            != _variant_name(manifest["toolchain"], manifest["deps"], manifest["artifact_sha256"])
-        ):
-            found.broken.append(
-                (folder, "its artifact does not match the sha256 it was built with")
-            )
+        problem = _artifact_problem(folder, manifest, data)
+        if problem:
+            found.broken.append((folder, problem))
             continue
         try:
             found.module = spec.load(artifact)
