@@ -29,7 +29,6 @@ from typing import Any
 
 from .cache import MANIFEST, _cache_error, cache_root, published_entries, verify_entry
 from .plugins import load_target
-from .sycl import SAVED_SUFFIX
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
 
@@ -190,6 +189,8 @@ def _verify(entry: Path) -> str | None:
     problem = verify_entry(entry)
     if problem:
         return problem
+    from .sycl import SAVED_SUFFIX  # here: the CLI starts without the SYCL module
+
     manifest = json.loads((entry / MANIFEST).read_text())
     if manifest["backend"] == "sycl" and manifest["artifact"].endswith(SAVED_SUFFIX):
         return None  # a device binary of the runtime compiler: it loads on its own device only

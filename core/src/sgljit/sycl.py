@@ -396,22 +396,7 @@ class SYCLModule:
         return self
 
     def _queue(self, device) -> tuple[int, str, int]:
-        """(sycl::queue*, device key, wait) for tensors on ``device`` (None: no tensors)."""
-        if device is None or device.type == "cpu":
-            queue = self._lib.sgljit_sycl_cpu_queue()
-            if not queue:
-                raise RuntimeError(
-                    f"no SYCL CPU device: {_last_error(self._lib)} "
-                    f"(the SYCL CPU device comes from: {INSTALL_HINT})"
-                )
-            return queue, "cpu", 1
-        if device.type == "xpu":
-            import torch
-
-            queue = torch.xpu.current_stream(device).sycl_queue  # torch's sycl::queue*, as an int
-            index = torch.xpu.current_device() if device.index is None else device.index
-            return int(getattr(queue, "value", queue)), f"xpu:{index}", 0
-        raise ValueError(f"SYCL kernels run on xpu or cpu tensors, not {device}")
+        return _queue_for(self._lib, device)
 
     def _kernel(self, name: str, queue: int, device_key: str) -> int:
         with self._lock:
@@ -443,6 +428,31 @@ class SYCLModule:
         if not kernel:
             raise AttributeError(f"{self.name}: {_last_error(self._lib)}")
         return kernel
+
+
+def _queue_for(lib: ctypes.CDLL, device) -> tuple[int, str, int]:
+    """(sycl::queue*, device key, wait) for tensors on ``device`` (None: no tensors)."""
+    if device is None or device.type == "cpu":
+        queue = lib.sgljit_sycl_cpu_queue()
+        if not queue:
+            raise RuntimeError(
+                f"no SYCL CPU device: {_last_error(lib)} "
+                f"(the SYCL CPU device comes from: {INSTALL_HINT})"
+            )
+        return queue, "cpu", 1
+    if device.type == "xpu":
+        import torch
+
+        queue = torch.xpu.current_stream(device).sycl_queue  # torch's sycl::queue*, as an int
+        index = torch.xpu.current_device() if device.index is None else device.index
+        return int(getattr(queue, "value", queue)), f"xpu:{index}", 0
+    raise ValueError(f"SYCL kernels run on xpu or cpu tensors, not {device}")
+
+
+def _device_identity(lib: ctypes.CDLL, queue: int) -> tuple[str, str]:
+    """(backend, "backend\tname\tdriver\tplatform") of the queue's device."""
+    identity = (lib.sgljit_sycl_device_identity(queue) or b"").decode()
+    return identity.split("\t")[0] or "unknown backend", identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,15 +535,15 @@ def _scan_dependencies(folder: Path, rtc: RtcSource) -> list[str]:
     return outside(deps, system_include_dirs(cxx))
 
 
-def _rtc_spec(module: SYCLModule, queue: int, device_key: str, identity: str) -> BuildSpec:
+def _rtc_spec(
+    module: SYCLModule, queue: int, device_key: str, backend: str, identity: str
+) -> BuildSpec:
     """The cache spec of a runtime-compiled module for one device (its binary is the device's own:
     the device, its driver and the runtime are in the key)."""
     rt, rtc, lib = find_runtime(), module._rtc, module._lib
-    backend = identity.split("\t")[0]
     artifact = module.name + SAVED_SUFFIX
 
-    def build(folder: Path) -> list[str]:
-        (folder / "module.cpp").write_text(rtc.source)
+    def build(folder: Path) -> list[str]:  # module.cpp (spec.files) is in the folder already
         handle = _compile_source(module, queue, device_key)
         _save_binary(lib, handle, rtc.kernels, folder / artifact)
         return _scan_dependencies(folder, rtc)
@@ -563,14 +573,14 @@ def _rtc_program(module: SYCLModule, queue: int, device_key: str) -> _Program:
         if program is not None:
             return program
         lib = module._lib
-        identity = (lib.sgljit_sycl_device_identity(queue) or b"").decode()
-        if identity.startswith("opencl\t"):
-            program = get_or_build(_rtc_spec(module, queue, device_key, identity))
+        backend, identity = _device_identity(lib, queue)
+        if backend == "opencl":
+            program = get_or_build(_rtc_spec(module, queue, device_key, backend, identity))
         else:
             if os.environ.get("SGLJIT_NO_COMPILE", "") not in ("", "0"):
                 raise NoCompileError(
                     f"SYCL module {module.name!r} cannot be kept on disk for {device_key} "
-                    f"({identity.split(chr(9))[0] or 'unknown backend'}: the runtime compiler "
+                    f"({backend}: the runtime compiler "
                     "saves binaries for OpenCL devices only) and SGLJIT_NO_COMPILE is set; use "
                     "the icpx route (oneAPI) to prebuild it, or unset SGLJIT_NO_COMPILE"
                 )
@@ -590,9 +600,8 @@ def saved_binaries_supported(device: Any = "cpu") -> tuple[bool, str]:
     import torch
 
     lib = bridge()
-    probe = SYCLModule("probe", "rtc", "probe", lib)
-    queue, _, _ = probe._queue(torch.device(device))
-    backend = (lib.sgljit_sycl_device_identity(queue) or b"").decode().split("\t")[0]
+    queue, _, _ = _queue_for(lib, torch.device(device))
+    backend, _ = _device_identity(lib, queue)
     return backend == "opencl", backend
 
 
