@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import CacheError, CompileError, NoCompileError
-from .toolchain import ABSENT
+from .toolchain import ABSENT, outside
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -277,7 +277,7 @@ def _record_deps(
     recorded: dict[str, str] = {}
     for p in paths:
         path = os.path.normpath(os.path.join(build_dirs[0], os.fspath(p)))
-        if any(path == d or path.startswith(d + "/") for d in build_dirs):
+        if not outside([path], build_dirs):
             continue  # a generated file: its text is in the key
         digest = _hash_file(path)
         if digest is None:

@@ -25,6 +25,7 @@ __all__ = [
     "cuda_home",
     "find_nvcc",
     "host_cxx",
+    "outside",
     "system_include_dirs",
 ]
 
