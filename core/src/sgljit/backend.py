@@ -3,6 +3,7 @@
 Default: ``cuda`` tensors → CUDA kernels, ``xpu`` tensors → SYCL kernels, ``cpu`` tensors → the
 PyTorch reference. ``use_backend("sycl")`` (or ``SGLJIT_BACKEND=sycl``) runs the SYCL kernels on CPU
 tensors through the SYCL CPU device; ``use_backend("reference")`` runs the reference everywhere.
+``$SGLJIT_BACKEND`` is read once, at import; to change the backend at run time use ``use_backend``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ __all__ = ["BACKENDS", "forced_backend", "select_backend", "use_backend"]
 
 BACKENDS = ("cuda", "sycl", "reference")
 _DEVICE_BACKEND = {"cuda": "cuda", "xpu": "sycl", "cpu": "reference"}
-_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("sgljit_backend", default=None)
+_ENV_BACKEND = os.environ.get("SGLJIT_BACKEND") or None
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "sgljit_backend", default=_ENV_BACKEND
+)
 
 
 def forced_backend() -> str | None:
     """The backend the user forced, by ``use_backend`` or ``$SGLJIT_BACKEND``; None if not forced."""
-    name = _forced.get() or os.environ.get("SGLJIT_BACKEND") or None
+    name = _forced.get()
     if name is not None and name not in BACKENDS:
         raise ValueError(f"SGLJIT_BACKEND={name!r}: expected one of {', '.join(BACKENDS)}")
     return name
@@ -47,6 +51,8 @@ def use_backend(name: str) -> Iterator[None]:
 
 def select_backend(tensor) -> str:
     """The backend that runs an op whose first tensor argument is ``tensor``."""
+    if tensor.is_cuda and _forced.get() is None:  # the eager hot path: one attribute, one lookup
+        return "cuda"
     device = tensor.device.type
     default = _DEVICE_BACKEND.get(device)
     forced = forced_backend()

@@ -1,16 +1,10 @@
 """``sgljit check``: run every installed op on every backend this machine has, against its reference.
 
-A plugin's manifest names a function returning its check cases::
-
-    "check": "sgljit_norm.ops:check_cases"
-
-    def check_cases(device: torch.device) -> list[dict]:
-        # each: {"op": "rmsnorm", "shape": "7x4096 bf16", "run": fn, "tol": 2e-2}
-        # fn() runs the op (through whatever backend is selected) on fresh random inputs on `device`
-        # and returns (result, expected) with expected computed by a float64 reference.
-
-The error reported is ``max |result - expected| / (1 + |expected|)``: absolute near zero, relative
-for large values, so one tolerance per dtype fits every op (bf16/fp16 ~2e-2, fp32 ~1e-5, bit-exact 0).
+The rows come from each op's declared check cases (:class:`sgljit.op.Case`, through the plugin
+manifest's ``family``): fresh random inputs, outputs poisoned, against the reference run on float64
+copies. The error reported is ``max |result - expected| / (1 + |expected|)``
+(:func:`sgljit.testing.max_error`): absolute near zero, relative for large values, so one tolerance
+per dtype fits every op (bf16/fp16 ~2e-2, fp32 ~1e-5, bit-exact 0).
 """
 
 from __future__ import annotations
@@ -63,25 +57,11 @@ def _sync(device: Any) -> None:
         torch.xpu.synchronize(device)
 
 
-def _max_error(result: Any, expected: Any) -> float:
-    import torch
-
-    if isinstance(result, (tuple, list)):
-        return max(_max_error(r, e) for r, e in zip(result, expected, strict=True))
-    r, e = result.detach().double().cpu(), expected.detach().double().cpu()
-    if r.shape != e.shape:
-        return float("inf")
-    if r.numel() == 0:
-        return 0.0
-    if torch.isnan(r).any() != torch.isnan(e).any():
-        return float("nan")
-    return float(((r - e).abs() / (1 + e.abs())).nan_to_num(0.0).max())
-
-
 def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
     from .backend import use_backend
     from .plugins import discover, load_target
+    from .testing import max_error
 
     backends, notes = available_backends()
     rows: list[tuple[str, ...]] = []
@@ -89,16 +69,16 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     for plugin in discover():
         if plugins and plugin.name not in plugins:
             continue
-        target = (plugin.manifest or {}).get("check")
+        target = (plugin.manifest or {}).get("family")
         if plugin.error or not target:
             rows.append(
                 (f"({plugin.name})", "-", "-", plugin.error or "no checks declared", "-", "-")
             )
             failed += bool(plugin.error)
             continue
-        cases_for = load_target(target)
+        family = load_target(target)
         for backend, device in backends:
-            for case in cases_for(device):
+            for case in family.check_cases(device):
                 label = f"{backend} ({device.type})"
                 try:
                     with use_backend(backend):
@@ -106,7 +86,7 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
                         result, expected = case["run"]()  # first call: may compile
                         _sync(device)
                         first = time.perf_counter() - started
-                        error = _max_error(result, expected)
+                        error = max_error(result, expected)
                         times = []
                         for _ in range(repeats):
                             t0 = time.perf_counter()

@@ -1,12 +1,8 @@
 """Fleet readiness: prebuild every kernel a plugin declares, and move a built cache between hosts.
 
-A plugin's manifest names a function listing what to prebuild; a function ``prebuild`` beside it
-builds one entry::
-
-    "prebuild": "sgljit_norm.ops:prebuild_specs"
-
-    def prebuild_specs(backend: str) -> list[dict]:      # e.g. [{"dtype": torch.bfloat16, "hidden": 4096}, ...]
-    def prebuild(backend: str, **spec) -> object:        # builds (or loads) that specialization
+A plugin's manifest names its :class:`sgljit.op.Family`, whose ops declare what to prebuild
+(``prebuild={"cuda": [key, ...], "sycl": [...]}``); ``family.prebuild_specs(backend)`` lists one
+entry per module and ``family.prebuild(backend, **entry)`` builds it.
 
 ``sgljit build`` runs each in worker processes (so builds run in parallel and one crash cannot take
 the others down), for the requested architectures, and reports every failure.
@@ -51,17 +47,18 @@ def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], 
         if plugin.error:
             problems.append(f"plugin {name!r} is {plugin.error}")
             continue
-        target = (plugin.manifest or {}).get("prebuild")
+        target = (plugin.manifest or {}).get("family")
         if not target:
             continue
         try:
-            specs = load_target(target)(backend)
+            specs = load_target(target).prebuild_specs(backend)
         except Exception as err:
             problems.append(
-                f"plugin {name!r}: {target}({backend!r}) failed: {type(err).__name__}: {err}"
+                f"plugin {name!r}: {target}.prebuild_specs({backend!r}) failed: "
+                f"{type(err).__name__}: {err}"
             )
             continue
-        builder = target.rpartition(":")[0] + ":prebuild"
+        builder = target + ".prebuild"
         for spec in specs:
             label = ", ".join(f"{k}={str(v).removeprefix('torch.')}" for k, v in spec.items())
             jobs.append(

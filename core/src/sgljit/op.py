@@ -1,122 +1,455 @@
-"""Defining an op once: a reference implementation, per-backend kernels, and a torch custom op.
+"""Defining an op once: its arguments, its reference, its kernels, what to prebuild and check.
 
-Every kernel op is *destination passing*: it writes into tensors it is given and returns None. That
-makes the torch custom op trivial (its fake does nothing), so ``torch.compile(fullgraph=True)`` and
-CUDA-graph capture work, while eager calls skip the custom-op dispatcher (it costs several µs)::
+An op is *destination passing*: it writes into tensors it is given and returns None. A family (one
+plugin) declares each op once; core derives everything else from that declaration — the torch
+custom op and its fake (so ``torch.compile(fullgraph=True)`` and CUDA graphs work), backend
+dispatch, the C++ argument checks of every CUDA export (generated ``TensorMatcher`` code), the same
+checks in Python for the reference and SYCL backends, the module memo, ``sgljit build`` jobs,
+``sgljit check`` rows and the conformance suite (:mod:`sgljit.testing`)::
 
-    @kernel_op("rmsnorm", mutates_args=("out",))
-    def rmsnorm_(input: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float) -> None:
-        reference_rmsnorm_into(input, weight, out, eps)          # the body is the reference backend
+    family = Family("norm", __file__)                       # kernel files live beside this module
 
-    @rmsnorm_.register("cuda")
-    def _(input, weight, out, eps):
-        cuda_module(input.dtype).rmsnorm(input, weight, out, eps)
+    rmsnorm_ = family.op(
+        "rmsnorm",
+        args={
+            "input": Tensor("num_tokens", "hidden"),          # float16/bfloat16/float32, unit last stride
+            "weight": Tensor("hidden", dtype="input", layout="contiguous"),
+            "out": Tensor("num_tokens", "hidden", dtype="input", io="out"),
+            "eps": Scalar(float, min=0.0),
+        },
+        reference=reference.rmsnorm_into,                     # called with the arguments above
+        cuda=Cuda("csrc/norm.cuh", "sgljit_norm::RMSNorm<{dtype}, {width}>::run",
+                  key=lambda input, *_: {"dtype": input.dtype, "width": input.shape[1]}),
+        prebuild={"cuda": [{"dtype": torch.bfloat16, "width": 4096}]},
+        cases=[Case("7x4096 bf16", make_rmsnorm_args, tol=2e-2)],
+    )
+
+The plugin's public function stays a plain documented function that allocates outputs, reshapes,
+and calls ``rmsnorm_(input, weight, out, eps)``. Eager calls skip the custom-op dispatcher (it costs
+several µs): on CUDA they go from the key to a memoized tvm-ffi function, whose generated C++ checks
+shapes, strides, dtypes, devices and overlap before the kernel's ``run``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from .backend import select_backend
+from . import backend as _backend
+from .jit_utils import as_dtype, make_cpp_args
 
-__all__ = ["KernelOp", "kernel_op"]
+__all__ = ["FLOATS", "Case", "Cuda", "Family", "Op", "Scalar", "Sycl", "Tensor"]
 
 NAMESPACE = "sgljit"
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # torch.compile's functionalization calls fakes as handler(mode, *args, **kwargs): an op parameter
 # named like that breaks inductor ("got multiple values for argument 'mode'").
 RESERVED_PARAMETERS = frozenset({"mode", "self"})
+LAYOUTS = ("rows", "contiguous", "strided")
+IO = ("in", "out", "inout")
 
 
-class KernelOp:
-    """A destination-passing op with one implementation per backend."""
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """A tensor argument. ``shape``: one entry per dimension — a name (sizes of one name must agree
+    across the op's tensors), an int, or None (any size). ``dtype``: the dtypes allowed, or the
+    name of an earlier tensor argument whose dtype it must have. ``layout``: ``"rows"`` (unit
+    stride in the last dimension, any other strides), ``"contiguous"`` or ``"strided"``. ``io``:
+    ``"in"`` (read), ``"out"`` (every element written, none read) or ``"inout"`` (updated in
+    place); written tensors must not have elements that share memory."""
 
-    def __init__(self, name: str, reference: Callable[..., None], mutates_args: Sequence[str]):
-        self.name = name
-        self.impls: dict[str, Callable[..., None]] = {"reference": reference}
-        params = list(inspect.signature(reference).parameters)
-        reserved = RESERVED_PARAMETERS & set(params)
+    shape: tuple[str | int | None, ...]
+    dtype: tuple[torch.dtype, ...] | str = FLOATS
+    layout: str = "rows"
+    io: str = "in"
+
+    def __init__(self, *shape, dtype=FLOATS, layout="rows", io="in"):
+        if layout not in LAYOUTS or io not in IO:
+            raise ValueError(f"Tensor: layout must be one of {LAYOUTS} and io one of {IO}")
+        if not shape:
+            raise ValueError("Tensor: give at least one dimension (a 0-d tensor is shape (1,))")
+        object.__setattr__(self, "shape", tuple(shape))
+        object.__setattr__(self, "dtype", dtype if isinstance(dtype, str) else tuple(dtype))
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "io", io)
+
+    @property
+    def written(self) -> bool:
+        return self.io != "in"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scalar:
+    """A Python number argument: ``float``, ``int`` or ``bool``, with optional bounds (inclusive)."""
+
+    type: type
+    min: float | None = None
+    max: float | None = None
+
+    def check(self, name: str, value: Any) -> None:
+        if self.type is bool:
+            ok = isinstance(value, bool)
+        elif self.type is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise TypeError(f"{name}: expected {self.type.__name__}, got {type(value).__name__}")
+        if self.min is not None and not value >= self.min:  # NaN fails too
+            raise ValueError(f"{name}: expected a value >= {self.min}, got {value}")
+        if self.max is not None and not value <= self.max:
+            raise ValueError(f"{name}: expected a value <= {self.max}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cuda:
+    """The CUDA kernel of an op. ``file``: relative to the family's folder. ``symbol``: the C++
+    function run after the generated checks, with ``{name}`` placeholders filled from ``key``.
+    ``key(*args)``: the specialization an argument list needs (template parameters: dtypes, ints,
+    bools). Ops of a family that name the same ``module`` share its compiled modules (each
+    module of that name exports all of them)."""
+
+    file: str
+    symbol: str
+    key: Callable[..., Mapping[str, Any]]
+    module: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sycl:
+    """The SYCL kernel of an op. ``key(*args)``: the ``-D`` macros of the module the arguments
+    need; ``launch(module, key, *args)`` runs it (work sizes, kernel arguments)."""
+
+    file: str
+    key: Callable[..., Mapping[str, Any]]
+    launch: Callable[..., None]
+    module: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A check case: ``make(device)`` returns fresh random arguments of the op on ``device``;
+    a backend's written tensors must match the float64 reference within ``tol`` (the error is
+    ``max |result - expected| / (1 + |expected|)``)."""
+
+    name: str
+    make: Callable[[torch.device], tuple]
+    tol: float
+
+
+def _cpp_literal(value: Any) -> str:
+    return str(make_cpp_args(value))
+
+
+class Op:
+    """A destination-passing op of a :class:`Family` (see the module docstring)."""
+
+    def __init__(
+        self,
+        family: Family,
+        name: str,
+        *,
+        args: Mapping[str, Tensor | Scalar],
+        reference: Callable[..., None],
+        cuda: Cuda | None = None,
+        sycl: Sycl | None = None,
+        prebuild: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        cases: Sequence[Case] = (),
+        doc: str | None = None,
+    ):
+        reserved = RESERVED_PARAMETERS & set(args)
         if reserved:
             raise ValueError(
-                f"kernel_op {name!r}: parameter name(s) {sorted(reserved)} are reserved by torch.compile; rename them"
+                f"op {name!r}: parameter name(s) {sorted(reserved)} are reserved by torch.compile; rename them"
             )
-        unknown = set(mutates_args) - set(params)
-        if unknown:
-            raise ValueError(
-                f"kernel_op {name!r}: mutates_args {sorted(unknown)} are not parameters"
-            )
-        self._first_tensor = params[0]
-        self._params = tuple(params)
-        self._written = tuple((params.index(a), a) for a in mutates_args)
+        tensors = [n for n, a in args.items() if isinstance(a, Tensor)]
+        if not tensors or next(iter(args)) != tensors[0]:
+            raise ValueError(f"op {name!r}: the first argument must be a tensor")
+        for n, a in args.items():
+            if isinstance(a, Tensor) and isinstance(a.dtype, str):
+                if a.dtype not in tensors or tensors.index(a.dtype) >= tensors.index(n):
+                    raise ValueError(
+                        f"op {name!r}: {n}'s dtype refers to {a.dtype!r}, not an earlier tensor"
+                    )
+        self.family, self.name = family, name
+        self.args = dict(args)
+        self.params = tuple(args)
+        self.reference, self.cuda, self.sycl = reference, cuda, sycl
+        self.prebuild = {b: list(keys) for b, keys in (prebuild or {}).items()}
+        self.cases = tuple(cases)
+        self.writes = tuple(n for n in tensors if args[n].written)
+        self.__doc__ = doc or reference.__doc__
+        self.signature = inspect.Signature(
+            [
+                inspect.Parameter(
+                    n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_annotation(a)
+                )
+                for n, a in args.items()
+            ],
+            return_annotation=None,
+        )
+        self._tensor_index = tuple((i, n) for i, n in enumerate(self.params) if n in tensors)
+        self._cuda_fns: dict = {}
+        self._sycl_modules: dict = {}
 
-        def dispatch(*args, **kwargs):
-            return self._dispatch(*args, **kwargs)
+        def dispatch(*a, **kw):
+            self._dispatch(*self._positional(a, kw))
 
-        dispatch.__signature__ = inspect.signature(reference)  # type: ignore[attr-defined]
+        dispatch.__signature__ = self.signature  # type: ignore[attr-defined]
         dispatch.__name__ = name
         self.custom_op = torch.library.custom_op(
-            f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args)
+            f"{NAMESPACE}::{name}", mutates_args=self.writes
         )(dispatch)
-        self.custom_op.register_fake(lambda *args, **kwargs: None)
-        self.__doc__ = reference.__doc__
+        self.custom_op.register_fake(lambda *a, **kw: None)
 
-    def register(self, backend: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-        """Decorator: the implementation of this op on ``backend`` ("cuda" or "sycl")."""
-
-        def decorate(fn: Callable[..., None]) -> Callable[..., None]:
-            self.impls[backend] = fn
-            return fn
-
-        return decorate
-
-    def _dispatch(self, *args, **kwargs) -> None:
-        first = args[0] if args else kwargs[self._first_tensor]
-        backend = select_backend(first)
-        impl = self.impls.get(backend)
-        if impl is None:
-            raise NotImplementedError(f"sgljit::{self.name} has no {backend} implementation")
-        self._check_arguments(backend, args, kwargs)
-        impl(*args, **kwargs)
-
-    def _check_arguments(self, backend: str, args: tuple, kwargs: dict) -> None:
-        """What no kernel can see: a written tensor whose elements share memory (an expanded
-        view: concurrent writes race, the result is garbage), and tensors that want a gradient
-        from a kernel without a backward."""
-        for i, name in self._written:
-            t = args[i] if i < len(args) else kwargs.get(name)
-            if isinstance(t, torch.Tensor) and not t.is_contiguous() and _may_overlap(t):
-                raise ValueError(
-                    f"{name}: sgljit::{self.name} writes it, but its elements may share memory "
-                    f"(shape {tuple(t.shape)}, strides {t.stride()}: an expanded or otherwise "
-                    "self-overlapping view); pass a tensor whose elements are distinct"
-                )
-        if backend != "reference" and torch.is_grad_enabled():
-            Tensor = torch.Tensor
-            for i, a in enumerate(args):
-                if isinstance(a, Tensor) and a.requires_grad:
-                    raise _inference_only(self.name, backend, self._params[i])
-            for name, a in kwargs.items():
-                if isinstance(a, Tensor) and a.requires_grad:
-                    raise _inference_only(self.name, backend, name)
+    def __repr__(self) -> str:
+        return f"<sgljit op {self.family.name}.{self.name}{self.signature}>"
 
     def __call__(self, *args, **kwargs) -> None:
+        if kwargs or len(args) != len(self.params):
+            args = self._positional(args, kwargs)
         if torch.compiler.is_compiling():
-            self.custom_op(*args, **kwargs)
+            self.custom_op(*args)
         else:
-            self._dispatch(*args, **kwargs)
+            self._dispatch(*args)
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"sgljit::{self.name}{self.signature}: {err}") from None
+        return bound.args
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def _dispatch(self, *args) -> None:
+        first = args[0]
+        if not isinstance(first, torch.Tensor):
+            raise TypeError(f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}")
+        backend = _backend.select_backend(first)
+        if backend != "reference" and torch.is_grad_enabled():
+            self._refuse_grad(backend, args)
+        if backend == "cuda":
+            key = self.cuda.key(*args) if self.cuda is not None else None
+            fn = self._cuda_fns.get(_freeze(key))
+            if fn is None:
+                fn = self._cuda_function(key)
+            try:
+                fn(*args)
+            except TypeError as err:  # tvm-ffi names the argument by position only
+                raise self._name_type_error(err, args) from None
+            return
+        self.check_arguments(args)
+        if backend == "reference":
+            self.reference(*args)
+        elif self.sycl is None:
+            raise NotImplementedError(f"sgljit::{self.name} has no sycl implementation")
+        else:
+            key = self.sycl.key(*args)
+            self.sycl.launch(self._sycl_module(key), key, *args)
+
+    def _refuse_grad(self, backend: str, args: tuple) -> None:
+        for i, name in self._tensor_index:
+            t = args[i]
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise RuntimeError(
+                    f"{name}: requires grad, but sgljit::{self.name} is inference-only on {backend} "
+                    f"(its kernels have no backward); call it under torch.no_grad() or "
+                    f"torch.inference_mode(), or pass {name}.detach()"
+                )
+
+    def _name_type_error(self, err: TypeError, args: tuple) -> TypeError:
+        for i, name in enumerate(self.params):
+            spec, value = self.args[name], args[i]
+            if isinstance(spec, Tensor) and not isinstance(value, torch.Tensor):
+                return TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+            if isinstance(spec, Scalar):
+                try:
+                    spec.check(name, value)
+                except (TypeError, ValueError) as named:
+                    return TypeError(str(named))
+        return err
+
+    # -- checks on backends without C++ host code (the same rules as the generated C++) ---------
+    def check_arguments(self, args: Sequence[Any]) -> None:
+        """Raise the error a CUDA call would raise for ``args`` (names the argument)."""
+        sizes: dict[str, int] = {}
+        dtypes: dict[str, torch.dtype] = {}
+        device = None
+        for name, value in zip(self.params, args, strict=True):
+            spec = self.args[name]
+            if isinstance(spec, Scalar):
+                spec.check(name, value)
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+            _check_tensor(name, spec, value, sizes, dtypes)
+            if device is None:
+                device = value.device
+            elif value.device != device:
+                raise ValueError(
+                    f"{name}: expected a tensor on {device} (same as the tensors before it), "
+                    f"got one on {value.device}"
+                )
+
+    # -- modules ---------------------------------------------------------------------------------
+    def _cuda_function(self, key: Mapping[str, Any] | None):
+        if self.cuda is None:
+            raise NotImplementedError(f"sgljit::{self.name} has no cuda implementation")
+        fn = getattr(self.family.cuda_module(self.cuda.module or self.name, key), self.name)
+        self._cuda_fns[_freeze(key)] = fn
+        return fn
+
+    def _sycl_module(self, key: Mapping[str, Any]):
+        frozen = _freeze(key)
+        module = self._sycl_modules.get(frozen)
+        if module is None:
+            module = self._sycl_modules[frozen] = self.family.sycl_module(
+                self.sycl.module or self.name, key
+            )
+        return module
+
+    def cpp_checks(self, function: str, target: str) -> str:
+        """C++ of a function ``function`` that checks its arguments as this op declares, then calls
+        ``target`` with them."""
+        params, lines, symbols = [], [], []
+        for name, spec in self.args.items():
+            params.append(f"{_cpp_param(spec)} {name}")
+            if isinstance(spec, Tensor):
+                symbols += [d for d in spec.shape if isinstance(d, str) and d not in symbols]
+        if symbols:
+            lines.append(
+                "  SymbolicSize " + ", ".join(f'{_sym(s)}{{"{s}"}}' for s in symbols) + ";"
+            )
+        lines.append("  SymbolicDevice device;")
+        first = True
+        for name, spec in self.args.items():
+            if isinstance(spec, Scalar):
+                for bound, op in ((spec.min, ">="), (spec.max, "<=")):
+                    if bound is not None:
+                        lines.append(
+                            f'  RuntimeCheck({name} {op} {bound!r}, "{name}: expected a value {op} '
+                            f'{bound}, got ", {name});'
+                        )
+                continue
+            dims = ", ".join(
+                _sym(d) if isinstance(d, str) else "kAnySize" if d is None else f"int64_t{{{d}}}"
+                for d in spec.shape
+            )
+            m = f"TensorMatcher({{{dims}}})"
+            if spec.layout == "rows":
+                m += ".with_strides({" + "kAnySize, " * (len(spec.shape) - 1) + "1})"
+            elif spec.layout == "contiguous":
+                m += ".contiguous()"
+            if isinstance(spec.dtype, str):
+                m += f".with_dtype(dtype_{spec.dtype})"
+            else:
+                lines.append(f"  SymbolicDType dtype_{name};")
+                types = ", ".join(_cpp_literal(d) for d in spec.dtype)
+                m += f".with_dtype<{types}>(dtype_{name})"
+            m += ".with_device(kDLCUDA, device)" if first else ".with_device(device)"
+            if spec.written:
+                m += ".writable()"
+            lines.append(f'  {m}.verify({name}, "{name}");')
+            first = False
+        call = ", ".join(self.params)
+        body = "\n".join(lines)
+        return f"inline void {function}({', '.join(params)}) {{\n{body}\n  {target}({call});\n}}\n"
 
 
-def _may_overlap(t: torch.Tensor) -> bool:
+def _annotation(spec: Tensor | Scalar) -> Any:
+    return torch.Tensor if isinstance(spec, Tensor) else spec.type
+
+
+def _cpp_param(spec: Tensor | Scalar) -> str:
+    if isinstance(spec, Tensor):
+        return "tvm::ffi::TensorView"
+    return {float: "double", int: "int64_t", bool: "bool"}[spec.type]
+
+
+def _sym(name: str) -> str:
+    return "size_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _freeze(key: Mapping[str, Any] | None) -> tuple:
+    return tuple(key.items()) if key else ()
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _pattern(shape: Sequence[Any], sizes: Mapping[str, int]) -> str:
+    return (
+        "["
+        + ", ".join(
+            str(sizes.get(d, d)) if isinstance(d, str) else "*" if d is None else str(d)
+            for d in shape
+        )
+        + "]"
+    )
+
+
+def _check_tensor(name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes: dict) -> None:
+    if t.dim() != len(spec.shape):
+        raise ValueError(
+            f"{name}: expected {len(spec.shape)}-D tensor of shape {_pattern(spec.shape, sizes)}, "
+            f"got {t.dim()}-D tensor"
+        )
+    for d, (want, got) in enumerate(zip(spec.shape, t.shape, strict=True)):
+        if isinstance(want, str):
+            bound = sizes.setdefault(want, got)
+            if bound != got:
+                raise ValueError(
+                    f"{name}: dimension {d} expected {bound} ({want}), got {got} "
+                    f"(shape pattern {_pattern(spec.shape, sizes)})"
+                )
+        elif want is not None and want != got:
+            raise ValueError(
+                f"{name}: dimension {d} expected {want}, got {got} "
+                f"(shape pattern {_pattern(spec.shape, sizes)})"
+            )
+    if spec.layout == "rows" and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: stride of dimension {t.dim() - 1} expected 1, got {t.stride(-1)}"
+        )
+    if spec.layout == "contiguous" and not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+    if isinstance(spec.dtype, str):
+        if t.dtype != dtypes[spec.dtype]:
+            raise ValueError(
+                f"{name}: dtype expected {_dtype_names([dtypes[spec.dtype]])} (same as the tensors "
+                f"before it), got {_dtype_names([t.dtype])}"
+            )
+    elif t.dtype not in spec.dtype:
+        raise ValueError(
+            f"{name}: dtype expected one of {{{_dtype_names(spec.dtype)}}}, got {_dtype_names([t.dtype])}"
+        )
+    dtypes[name] = t.dtype
+    if spec.written and may_overlap(t):
+        raise ValueError(
+            f"{name}: sgljit writes it, but its elements may share memory (shape "
+            f"{list(t.shape)}, strides {list(t.stride())}: an expanded or otherwise "
+            "self-overlapping view); pass a tensor whose elements are distinct"
+        )
+
+
+def may_overlap(t: torch.Tensor) -> bool:
     """False when the strides prove every element has its own address: sorted by stride, each
     dimension steps past everything the smaller ones span (true of every strided slice of a dense
     tensor). True for expanded views (stride 0), and for the rare interleaved layouts this cannot
     prove apart.
 
-    >>> _may_overlap(torch.zeros(1, 8).expand(4, 8)), _may_overlap(torch.zeros(4, 16)[:, 4:12])
+    >>> may_overlap(torch.zeros(1, 8).expand(4, 8)), may_overlap(torch.zeros(4, 16)[:, 4:12])
     (True, False)
     """
+    if t.is_contiguous():
+        return False
     span = 1
     for stride, size in sorted(
         (st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1
@@ -127,20 +460,142 @@ def _may_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-def _inference_only(op: str, backend: str, name: str) -> RuntimeError:
-    return RuntimeError(
-        f"{name}: requires grad, but sgljit::{op} is inference-only on {backend} (its kernels have "
-        f"no backward); call it under torch.no_grad() or torch.inference_mode(), or pass "
-        f"{name}.detach()"
-    )
+class Family:
+    """The ops of one plugin; their kernel files are found relative to ``file``'s folder."""
+
+    def __init__(self, name: str, file: str | Path):
+        self.name = name
+        self.root = Path(file).resolve().parent
+        self.ops: dict[str, Op] = {}
+        self._modules: dict = {}
+        self._lock = threading.Lock()
+
+    def op(self, name: str, **spec: Any) -> Op:
+        """Declare an op (arguments: see :class:`Op`)."""
+        if name in self.ops:
+            raise ValueError(f"family {self.name!r} declares op {name!r} twice")
+        op = self.ops[name] = Op(self, name, **spec)
+        return op
+
+    def _members(self, backend: str, module: str) -> list[Op]:
+        return [
+            op
+            for op in self.ops.values()
+            if getattr(op, backend) is not None
+            and (getattr(op, backend).module or op.name) == module
+        ]
+
+    def cuda_module(self, module: str, key: Mapping[str, Any] | None):
+        """The compiled CUDA module ``module`` for template parameters ``key`` (memoized)."""
+        from .cuda import load_jit
+
+        frozen = ("cuda", module, _freeze(key))
+        found = self._modules.get(frozen)
+        if found is not None:
+            return found
+        with self._lock:
+            if frozen in self._modules:
+                return self._modules[frozen]
+            values = {k: _cpp_literal(v) for k, v in (key or {}).items()}
+            members = self._members("cuda", module)
+            files = sorted({op.cuda.file for op in members})
+            checks, wrappers = [], []
+            for op in members:
+                function = f"sgljit_checked_{op.name}"
+                checks.append(op.cpp_checks(function, op.cuda.symbol.format(**values)))
+                wrappers.append((op.name, function))
+            found = load_jit(
+                self.name,
+                module,
+                *values.values(),
+                cuda_files=files,
+                cuda_wrappers=wrappers,
+                source_dir=self.root,
+                extra_source="\n".join(checks),
+            )
+            self._modules[frozen] = found
+            return found
+
+    def sycl_module(self, module: str, key: Mapping[str, Any]):
+        """The SYCL module ``module`` built with ``-D`` macros ``key`` (memoized)."""
+        from .sycl import load_jit_sycl
+
+        frozen = ("sycl", module, _freeze(key))
+        found = self._modules.get(frozen)
+        if found is None:
+            values = {k: _cpp_literal(v) for k, v in key.items()}
+            files = sorted({self.root / op.sycl.file for op in self._members("sycl", module)})
+            found = self._modules[frozen] = load_jit_sycl(
+                self.name,
+                module,
+                *values.values(),
+                sycl_files=files,
+                extra_sycl_cflags=[f"-D{k}={v}" for k, v in values.items()],
+            )
+        return found
+
+    def clear(self) -> None:
+        """Forget loaded modules (they stay in the disk cache)."""
+        self._modules.clear()
+        for op in self.ops.values():
+            op._cuda_fns.clear()
+            op._sycl_modules.clear()
+
+    # -- fleet and checks ------------------------------------------------------------------------
+    def prebuild_specs(self, backend: str) -> list[dict]:
+        """Every specialization the ops declare for ``backend``, one per module (``sgljit build``):
+        ``{"op": name, **key}`` with dtypes by name."""
+        if backend not in ("cuda", "sycl"):
+            raise ValueError(f"prebuild_specs: backend must be 'cuda' or 'sycl', got {backend!r}")
+        specs, seen = [], set()
+        for op in self.ops.values():
+            kernel = getattr(op, backend)
+            for key in op.prebuild.get(backend, ()):
+                module = (kernel.module or op.name) if kernel else op.name
+                ident = (module, tuple((k, _cpp_literal(v)) for k, v in key.items()))
+                if ident not in seen:
+                    seen.add(ident)
+                    specs.append({"op": op.name, **{k: _plain(v) for k, v in key.items()}})
+        return specs
+
+    def prebuild(self, backend: str, op: str, **key: Any):
+        """Build (or load from the cache) one :meth:`prebuild_specs` entry; returns the module."""
+        if op not in self.ops:
+            raise ValueError(f"prebuild: unknown op {op!r}; expected one of {sorted(self.ops)}")
+        kernel = getattr(self.ops[op], backend, None)
+        if kernel is None:
+            raise ValueError(f"prebuild: op {op!r} has no {backend!r} kernel")
+        key = {k: _typed(v) for k, v in key.items()}
+        if backend == "cuda":
+            return self.cuda_module(kernel.module or op, key)
+        return self.sycl_module(kernel.module or op, key)
+
+    def check_cases(self, device: torch.device) -> list[dict]:
+        """``sgljit check`` rows: every op's cases against the float64 reference."""
+        from .testing import run_case
+
+        return [
+            {
+                "op": op.name,
+                "shape": case.name,
+                "run": lambda op=op, case=case: run_case(op, case, device),
+                "tol": case.tol,
+            }
+            for op in self.ops.values()
+            for case in op.cases
+        ]
 
 
-def kernel_op(
-    name: str, *, mutates_args: Sequence[str]
-) -> Callable[[Callable[..., None]], KernelOp]:
-    """Decorator turning a reference implementation into a :class:`KernelOp` named ``sgljit::<name>``."""
+def _plain(value: Any) -> Any:
+    """A prebuild value as JSON-friendly data (dtypes by name)."""
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
 
-    def decorate(reference: Callable[..., None]) -> KernelOp:
-        return KernelOp(name, reference, mutates_args)
 
-    return decorate
+def _typed(value: Any) -> Any:
+    """The inverse of :func:`_plain` for dtype names."""
+    if isinstance(value, str):
+        try:
+            return as_dtype(value)
+        except TypeError:
+            return value
+    return value

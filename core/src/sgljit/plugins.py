@@ -1,11 +1,11 @@
 """Kernel families are separate distributions, found through the ``sgljit.plugins`` entry points.
 
-Each entry point names a small manifest (a dict in the plugin's ``__init__``, which imports nothing
-heavy)::
+Each entry point names a small :class:`Manifest` (a dict in the plugin's ``__init__``, which
+imports nothing heavy)::
 
-    MANIFEST = {"name": "norm", "version": "0.1.0", "requires_sgljit": ">=0.1,<0.2",
-                "ops": {"rmsnorm": "sgljit_norm.ops:rmsnorm"}, "kernel_dirs": ["csrc", "sycl"],
-                "prebuild": "sgljit_norm.ops:prebuild_specs"}
+    MANIFEST: Manifest = {"name": "norm", "version": "0.1.0", "requires_sgljit": ">=0.1,<0.2",
+                          "ops": {"rmsnorm": "sgljit_norm.ops:rmsnorm"},
+                          "family": "sgljit_norm.ops:family"}
 
 Discovery reads manifests only; a plugin's ops module is imported on the first use of one of its ops.
 Policy: two plugins claiming one op is an error on use of that op, naming both distributions (no
@@ -23,14 +23,29 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 from ._version import __version__
 from .errors import PluginError
 
-__all__ = ["ENTRY_POINT_GROUP", "Plugin", "discover", "load_target", "resolve_op"]
+__all__ = ["ENTRY_POINT_GROUP", "Manifest", "Plugin", "discover", "load_target", "resolve_op"]
 
 ENTRY_POINT_GROUP = "sgljit.plugins"
+
+
+class _ManifestRequired(TypedDict):
+    name: str  # the family's short name ("norm"): `sgljit build --plugin`, SGLJIT_DISABLE_PLUGINS
+    version: str  # the distribution's version
+    ops: dict[str, str]  # public op name -> "package.module:function" (imported on first use)
+
+
+class Manifest(_ManifestRequired, total=False):
+    """What a plugin's entry point names. ``requires_sgljit``: a version specifier of the core it
+    works with (">=0.1,<0.2"); ``family``: "package.module:attr" of its :class:`sgljit.op.Family`
+    (prebuilds for ``sgljit build``, cases for ``sgljit check`` and the conformance suite)."""
+
+    requires_sgljit: str
+    family: str
 
 
 @dataclasses.dataclass

@@ -285,9 +285,9 @@ def bridge() -> ctypes.CDLL:
 # Modules and launchers
 
 
-def _dims(size: int | Sequence[int], what: str) -> tuple[int, ...]:
+def _dims(size: int | Sequence[int], what: str, empty_ok: bool = False) -> tuple[int, ...]:
     dims = (int(size),) if isinstance(size, int) else tuple(int(s) for s in size)
-    if not 1 <= len(dims) <= 3 or min(dims) < 1:
+    if not 1 <= len(dims) <= 3 or min(dims) < (0 if empty_ok else 1):
         raise ValueError(
             f"{what} must be a positive int or a tuple of 1-3 positive ints, got {size!r}"
         )
@@ -299,7 +299,8 @@ class SYCLFunction:
 
     ``global_size`` is the total number of work-items per dimension (a multiple of ``local_size``,
     the work-group size). Tensors pass as ``ptr`` (their ``data_ptr()``); all tensors must be on one
-    device, which picks the queue.
+    device, which picks the queue. An empty ``global_size`` (a 0 in it) launches nothing, as an
+    empty CUDA grid does.
     """
 
     def __init__(self, module: SYCLModule, name: str, argtypes: Sequence[str]):
@@ -321,7 +322,9 @@ class SYCLFunction:
     ) -> None:
         if len(args) != len(self.argtypes):
             raise TypeError(f"{self.name} takes {len(self.argtypes)} arguments, got {len(args)}")
-        g, loc = _dims(global_size, "global_size"), _dims(local_size, "local_size")
+        g, loc = _dims(global_size, "global_size", empty_ok=True), _dims(local_size, "local_size")
+        if 0 in g:
+            return
         if len(g) != len(loc) or any(a % b for a, b in zip(g, loc, strict=True)):
             raise ValueError(f"{self.name}: global_size {g} must be a multiple of local_size {loc}")
         device = None

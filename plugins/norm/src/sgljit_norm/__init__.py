@@ -13,7 +13,5 @@ MANIFEST = {
         "qknorm": "sgljit_norm.ops:qknorm",
         "qknorm_across_heads": "sgljit_norm.ops:qknorm_across_heads",
     },
-    "kernel_dirs": ["csrc", "sycl"],
-    "prebuild": "sgljit_norm.ops:prebuild_specs",
-    "check": "sgljit_norm.ops:check_cases",
+    "family": "sgljit_norm.ops:family",
 }

@@ -1,0 +1,356 @@
+"""The conformance suite: what every op of every installed plugin must do, derived from its spec.
+
+For each op (see :mod:`sgljit.op`) and each backend this machine can run:
+
+- ``numerics``: every declared :class:`~sgljit.op.Case` on fresh random data, outputs poisoned
+  first, against the reference run on float64 copies of the inputs;
+- ``bad_inputs``: arguments generated from the declared argument specs — not a tensor, an extra
+  dimension, a dtype outside the allowed ones, a size that disagrees with another tensor's, a
+  strided last dimension, an expanded (overlapping) written tensor, a tensor that requires grad, a
+  tensor on another device, a scalar out of range — each must raise an error that starts with the
+  argument's name; an empty batch must run or raise such an error, never crash;
+- ``torch_compile``: ``torch.compile(fullgraph=True)`` of a call matches the eager result
+  (reference and CUDA);
+- ``cuda_graph``: a captured call replays on new data (CUDA).
+
+A plugin's tests get all of it with one line::
+
+    from sgljit.testing import conformance
+    test_conformance = conformance("norm")      # plugin names; none: every installed plugin
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .backend import use_backend
+from .op import Case, Family, Op, Scalar, Tensor
+
+__all__ = [
+    "CHECKS",
+    "available_backends",
+    "bad_inputs",
+    "conformance",
+    "families",
+    "max_error",
+    "run_case",
+    "run_check",
+]
+
+CHECKS = ("numerics", "bad_inputs", "torch_compile", "cuda_graph")
+# Which checks run on which backend: compiling through the SYCL CPU device adds minutes and proves
+# nothing the reference's compile does not; graphs exist on CUDA only.
+_BACKEND_CHECKS = {
+    "reference": ("numerics", "bad_inputs", "torch_compile"),
+    "sycl": ("numerics", "bad_inputs"),
+    "cuda": CHECKS,
+}
+_ONE_BYTE_POISON = 0x7F  # NaN in float8_e4m3fn, a large value in int8/uint8
+
+
+# -- backends and ops ----------------------------------------------------------------------------
+def _sycl_on_cpu() -> str | None:
+    """None when the SYCL CPU device can build kernels, else why not."""
+    try:
+        from . import sycl
+
+        sycl.find_runtime()
+    except Exception as err:
+        return f"SYCL runtime not installed ({type(err).__name__})"
+    return None
+
+
+def available_backends() -> list[tuple[str, torch.device]]:
+    """(backend, device) pairs this machine runs: reference on the CPU, SYCL on the SYCL CPU
+    device when its runtime is installed (or on an XPU), CUDA on a GPU."""
+    found = [("reference", torch.device("cpu"))]
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        found.append(("sycl", torch.device("xpu")))
+    elif _sycl_on_cpu() is None:
+        found.append(("sycl", torch.device("cpu")))
+    if torch.cuda.is_available():
+        found.append(("cuda", torch.device("cuda")))
+    return found
+
+
+def families(plugins: Iterable[str] | None = None) -> list[Family]:
+    """The :class:`~sgljit.op.Family` of each installed plugin (or of the named ones)."""
+    from .plugins import discover, load_target
+
+    wanted = set(plugins) if plugins is not None else None
+    found = []
+    for plugin in discover():
+        if wanted is not None and plugin.name not in wanted:
+            continue
+        target = (plugin.manifest or {}).get("family")
+        if plugin.error is None and target:
+            found.append(load_target(target))
+    missing = (wanted or set()) - {f.name for f in found}
+    if missing:
+        raise LookupError(f"no installed plugin declares a family named {sorted(missing)}")
+    return found
+
+
+# -- numerics ------------------------------------------------------------------------------------
+def max_error(result: Any, expected: Any) -> float:
+    """``max |result - expected| / (1 + |expected|)`` over tensors (or sequences of them): absolute
+    near zero, relative for large values; NaN where one side has NaNs the other has not."""
+    if isinstance(result, (tuple, list)):
+        return max((max_error(r, e) for r, e in zip(result, expected, strict=True)), default=0.0)
+    r, e = result.detach().double().cpu(), expected.detach().double().cpu()
+    if r.shape != e.shape:
+        return float("inf")
+    if r.numel() == 0:
+        return 0.0
+    if not torch.equal(torch.isnan(r), torch.isnan(e)):
+        return float("nan")
+    return float(((r - e).abs() / (1 + e.abs())).nan_to_num(0.0).max())
+
+
+def _oracle_copy(value: Any) -> Any:
+    """A CPU copy for the reference: 16/32-bit floats as float64, everything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    copy = value.detach().cpu().clone()
+    return copy.double() if copy.dtype in (torch.float16, torch.bfloat16, torch.float32) else copy
+
+
+def _poison(t: torch.Tensor) -> None:
+    """Fill an output with values no op writes, so unwritten elements show up as errors."""
+    if t.element_size() == 1:
+        t.view(torch.uint8).fill_(_ONE_BYTE_POISON)
+    elif t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(-1)
+
+
+def _written(op: Op, args: Sequence[Any]) -> tuple:
+    return tuple(args[op.params.index(name)] for name in op.writes)
+
+
+def run_case(op: Op, case: Case, device: torch.device) -> tuple[tuple, tuple]:
+    """Run ``op`` (through whatever backend is selected) on ``case``'s fresh arguments, outputs
+    poisoned first; returns (written tensors, the same written by the reference on float64 copies)."""
+    args = case.make(device)
+    oracle = tuple(_oracle_copy(a) for a in args)
+    for name, value in zip(op.params, args, strict=True):
+        spec = op.args[name]
+        if isinstance(spec, Tensor) and spec.io == "out":
+            _poison(value)
+    with torch.no_grad():
+        op(*args)
+        op.reference(*oracle)
+    return _written(op, args), _written(op, oracle)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def check_numerics(op: Op, backend: str, device: torch.device) -> None:
+    if not op.cases:
+        raise AssertionError(f"{op.name} declares no check cases")
+    with use_backend(backend):
+        for case in op.cases:
+            result, expected = run_case(op, case, device)
+            _sync(device)
+            error = max_error(result, expected)
+            assert error <= case.tol, f"{op.name} {case.name} on {backend}: error {error} > {case.tol}"
+
+
+# -- bad inputs ----------------------------------------------------------------------------------
+_OTHER_DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+)
+
+
+def _wrong_dtype(spec: Tensor, actual: torch.dtype) -> torch.dtype:
+    allowed = (actual,) if isinstance(spec.dtype, str) else spec.dtype
+    return next(d for d in _OTHER_DTYPES if d not in allowed)
+
+
+def _blank(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros(tuple(shape), dtype=dtype, device=device)
+
+
+def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tuple, str]]:
+    """(what is wrong, arguments, the argument's name) for every bad input the spec implies,
+    each built from the op's first case."""
+    base = op.cases[0].make(device)
+    found: list[tuple[str, tuple, str]] = []
+    bound: set[str] = set()
+
+    def replaced(i: int, value: Any) -> tuple:
+        return (*base[:i], value, *base[i + 1 :])
+
+    for i, name in enumerate(op.params):
+        spec, t = op.args[name], base[i]
+        if isinstance(spec, Scalar):
+            if spec.min is not None:
+                found.append((f"{name} below its minimum", replaced(i, spec.min - 1), name))
+            found.append((f"{name} not a number", replaced(i, "1"), name))
+            continue
+        found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))
+        found.append((f"{name} with an extra dimension", replaced(i, t.unsqueeze(0)), name))
+        wrong = _wrong_dtype(spec, t.dtype)
+        found.append((f"{name} of dtype {wrong}", replaced(i, _blank(t.shape, wrong, device)), name))
+        for d, size in enumerate(spec.shape):
+            if isinstance(size, str) and size in bound:
+                shape = list(t.shape)
+                shape[d] += 1
+                found.append(
+                    (f"{name} disagreeing on {size}", replaced(i, _blank(shape, t.dtype, device)), name)
+                )
+        bound.update(s for s in spec.shape if isinstance(s, str))
+        if spec.layout != "strided" and t.shape[-1] > 1:
+            wide = _blank((*t.shape[:-1], 2 * t.shape[-1]), t.dtype, device)[..., ::2]
+            found.append((f"{name} with a strided last dimension", replaced(i, wide), name))
+        if spec.written:
+            d = next((d for d, n in enumerate(t.shape) if n > 1), None)
+            if d is not None:
+                found.append(
+                    (f"{name} expanded", replaced(i, t.narrow(d, 0, 1).expand(t.shape)), name)
+                )
+        if backend != "reference" and t.is_floating_point() and not spec.written:
+            found.append(
+                (f"{name} requiring grad", replaced(i, t.detach().clone().requires_grad_()), name)
+            )
+        if device.type == "cuda":
+            found.append((f"{name} on the CPU", replaced(i, t.cpu()), name))
+    return found
+
+
+def _empty_batch(op: Op, device: torch.device) -> tuple:
+    """The first case's arguments with the first tensor's leading dimension made empty in every
+    tensor that shares its name."""
+    base = op.cases[0].make(device)
+    first = op.args[op.params[0]]
+    symbol = first.shape[0] if isinstance(first.shape[0], str) else None
+    out = []
+    for name, value in zip(op.params, base, strict=True):
+        spec = op.args[name]
+        if symbol is not None and isinstance(spec, Tensor):
+            for d, size in enumerate(spec.shape):
+                if size == symbol:
+                    value = value.narrow(d, 0, 0)
+        out.append(value)
+    return tuple(out)
+
+
+def check_bad_inputs(op: Op, backend: str, device: torch.device) -> None:
+    with use_backend(backend), torch.enable_grad():
+        with torch.no_grad():  # compile and load the valid specialization first
+            op(*op.cases[0].make(device))
+        for what, args, name in bad_inputs(op, device, backend):
+            try:
+                op(*args)
+            except (TypeError, ValueError, RuntimeError) as err:
+                message = str(err)
+                assert message.startswith(f"{name}:"), (
+                    f"{op.name} on {backend}, {what}: the error does not start with '{name}:': "
+                    f"{type(err).__name__}: {message[:300]}"
+                )
+            else:
+                raise AssertionError(f"{op.name} on {backend}: {what} was accepted")
+        try:
+            with torch.no_grad():
+                op(*_empty_batch(op, device))
+            _sync(device)
+        except (TypeError, ValueError) as err:
+            assert ":" in str(err).split()[0], f"{op.name}: an empty batch raised {err}"
+
+
+# -- torch.compile and CUDA graphs ---------------------------------------------------------------
+def _clone(args: Sequence[Any]) -> tuple:
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def check_torch_compile(op: Op, backend: str, device: torch.device) -> None:
+    case = op.cases[0]
+    args = case.make(device)
+    eager, compiled_args = _clone(args), _clone(args)
+
+    def call(*a):
+        op(*a)
+
+    with use_backend(backend), torch.no_grad():
+        op(*eager)
+        torch.compile(call, fullgraph=True, dynamic=False)(*compiled_args)
+        _sync(device)
+    error = max_error(_written(op, compiled_args), _written(op, eager))
+    assert error == 0.0, f"{op.name}: torch.compile result differs from eager by {error}"
+
+
+def check_cuda_graph(op: Op, backend: str, device: torch.device) -> None:
+    case = op.cases[0]
+    args = case.make(device)
+    with torch.no_grad():
+        op(*_clone(args))  # load the module outside capture
+        torch.cuda.synchronize()
+        static = _clone(args)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            op(*static)
+        fresh = case.make(device)
+        for s, f in zip(static, fresh, strict=True):
+            if isinstance(s, torch.Tensor):
+                s.copy_(f)
+        graph.replay()
+        expected = _clone(fresh)
+        op(*expected)
+        torch.cuda.synchronize()
+    error = max_error(_written(op, static), _written(op, expected))
+    assert error == 0.0, f"{op.name}: a graph replay differs from an eager call by {error}"
+
+
+_RUNNERS: dict[str, Callable[[Op, str, torch.device], None]] = {
+    "numerics": check_numerics,
+    "bad_inputs": check_bad_inputs,
+    "torch_compile": check_torch_compile,
+    "cuda_graph": check_cuda_graph,
+}
+
+
+def run_check(op: Op, backend: str, check: str, device: torch.device | None = None) -> None:
+    """Run one conformance check of ``op`` on ``backend``; raises AssertionError on a failure."""
+    if device is None:
+        device = dict(available_backends())[backend]
+    _RUNNERS[check](op, backend, device)
+
+
+def conformance(*plugins: str) -> Any:
+    """A pytest test function running every check of every op of ``plugins`` (all installed
+    plugins when none are named) on every backend this machine has."""
+    import pytest
+
+    marks = {"sycl": [pytest.mark.sycl], "cuda": [pytest.mark.gpu]}
+    params = [
+        pytest.param(op, backend, device, check, id=f"{op.name}-{backend}-{check}", marks=marks.get(backend, []))
+        for family in families(plugins or None)
+        for op in family.ops.values()
+        for backend, device in available_backends()
+        for check in _BACKEND_CHECKS[backend]
+        if backend == "reference" or getattr(op, backend) is not None
+    ]
+
+    @pytest.mark.parametrize(("op", "backend", "device", "check"), params)
+    def test_conformance(op: Op, backend: str, device: torch.device, check: str) -> None:
+        with contextlib.suppress(AttributeError):
+            torch._dynamo.reset()
+        run_check(op, backend, check, device)
+
+    return test_conformance
