@@ -52,7 +52,7 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # named like that breaks inductor ("got multiple values for argument 'mode'").
 RESERVED_PARAMETERS = frozenset({"mode", "self"})
 LAYOUTS = ("rows", "contiguous", "strided")
-IO = ("in", "out", "inout")
+IO = ("in", "out", "inout", "scratch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,10 @@ class Tensor:
     across the op's tensors), an int, or None (any size). ``dtype``: the dtypes allowed, or the
     name of an earlier tensor argument whose dtype it must have. ``layout``: ``"rows"`` (unit
     stride in the last dimension, any other strides), ``"contiguous"`` or ``"strided"``. ``io``:
-    ``"in"`` (read), ``"out"`` (every element written, none read) or ``"inout"`` (updated in
-    place); written tensors must not have elements that share memory."""
+    ``"in"`` (read), ``"out"`` (every element written, none read), ``"inout"`` (updated in
+    place) or ``"scratch"`` (a workspace the kernels write and read back: its contents before and
+    after a call mean nothing, so no check compares them); written tensors must not have elements
+    that share memory."""
 
     shape: tuple[str | int | None, ...]
     dtype: tuple[torch.dtype, ...] | str = FLOATS
@@ -184,6 +186,8 @@ class Op:
         self.prebuild = {b: list(keys) for b, keys in (prebuild or {}).items()}
         self.cases = tuple(cases)
         self.writes = tuple(n for n in tensors if args[n].written)
+        # What a call produces: the written tensors but scratch space.
+        self.results = tuple(n for n in self.writes if args[n].io != "scratch")
         self.__doc__ = doc or reference.__doc__
         self.signature = inspect.Signature(
             [

@@ -2,8 +2,9 @@
 
 For each op (see :mod:`sgljit.op`) and each backend this machine can run:
 
-- ``numerics``: every declared :class:`~sgljit.op.Case` on fresh random data, outputs poisoned
-  first, against the reference run on float64 copies of the inputs;
+- ``numerics``: every declared :class:`~sgljit.op.Case` on fresh random data, outputs and scratch
+  space poisoned first, against the reference run on float64 copies of the inputs (scratch space
+  is not compared);
 - ``bad_inputs``: arguments generated from the declared argument specs — not a tensor, an extra
   dimension, a dtype outside the allowed ones, a size that disagrees with another tensor's, a
   strided last dimension, an expanded (overlapping) written tensor, a tensor that requires grad, a
@@ -130,17 +131,19 @@ def _poison(t: torch.Tensor) -> None:
 
 
 def _written(op: Op, args: Sequence[Any]) -> tuple:
-    return tuple(args[op.params.index(name)] for name in op.writes)
+    """The tensors a call produces (out and inout; not scratch space, whose contents mean nothing)."""
+    return tuple(args[op.params.index(name)] for name in op.results)
 
 
 def run_case(op: Op, case: Case, device: torch.device) -> tuple[tuple, tuple]:
     """Run ``op`` (through whatever backend is selected) on ``case``'s fresh arguments, outputs
-    poisoned first; returns (written tensors, the same written by the reference on float64 copies)."""
+    and scratch space poisoned first; returns (written tensors, the same written by the reference on
+    float64 copies)."""
     args = case.make(device)
     oracle = tuple(_oracle_copy(a) for a in args)
     for name, value in zip(op.params, args, strict=True):
         spec = op.args[name]
-        if isinstance(spec, Tensor) and spec.io == "out":
+        if isinstance(spec, Tensor) and spec.io in ("out", "scratch"):
             _poison(value)
     with torch.no_grad():
         op(*args)
