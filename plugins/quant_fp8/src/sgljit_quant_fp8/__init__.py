@@ -11,7 +11,5 @@ MANIFEST = {
         "per_tensor_quant_fp8": "sgljit_quant_fp8.ops:per_tensor_quant_fp8",
         "per_token_quant_fp8": "sgljit_quant_fp8.ops:per_token_quant_fp8",
     },
-    "kernel_dirs": ["csrc", "sycl"],
-    "prebuild": "sgljit_quant_fp8.ops:prebuild_specs",
-    "check": "sgljit_quant_fp8.ops:check_cases",
+    "family": "sgljit_quant_fp8.ops:family",
 }

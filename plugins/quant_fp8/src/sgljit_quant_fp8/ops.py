@@ -7,132 +7,76 @@ with round-to-nearest-even, saturation and NaN handling). Dynamic scales are
 ``max(absmax / fp8_max, 2^-126)`` in fp32: all-zero input gets a finite scale; a NaN in the input
 gives a NaN scale (as ``torch.amax`` does). fp8_max is 448 (float8_e4m3fn) or 57344 (float8_e5m2).
 
-The kernel ops are destination passing (outputs given); the public functions allocate and return
-the tuple, so ``torch.compile(fullgraph=True)`` and CUDA graphs work.
+The kernel ops (``sgljit::per_tensor_quant_fp8_static``, ``sgljit::per_tensor_quant_fp8_dynamic``,
+``sgljit::per_token_quant_fp8``) are destination passing; the public functions allocate and return
+the tuple, so ``torch.compile(fullgraph=True)`` and CUDA graphs work. One module per (input dtype,
+fp8 dtype) holds all three kernels, on CUDA and on SYCL.
+
+``SGLJIT_QUANT_FP8_DYNAMIC`` picks the CUDA algorithm of the dynamic per-tensor op; it is read
+once, when this module is imported (set it before the first use of a quant op): ``auto`` (the
+default: up to 64 KB of input one launch of the per-token kernel on the tensor as one row; beyond
+twice the GPU's L2 size ``three_kernels``: absmax, scale, then the static kernel; bf16 from a
+quarter of the L2 size up to there ``fused``: one cooperative kernel, sm_90+ with 16-byte-aligned
+data; else ``two_kernels``: absmax, then a quantize pass that computes the scale itself), or one of
+those always. Another value makes the dynamic op raise (naming the variable). SYCL has one
+algorithm (two kernels).
 """
 
 import os
-from pathlib import Path
 
 import torch
 
-import sgljit
-from sgljit.jit_utils import as_dtype
-from sgljit.op import kernel_op
+from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor
 
 from . import reference
 
-__all__ = [
-    "WORKSPACE_SIZE",
-    "cuda_module",
-    "per_tensor_quant_fp8",
-    "per_token_quant_fp8",
-    "prebuild",
-    "prebuild_specs",
-    "sycl_module",
-]
+__all__ = ["FP8_DTYPES", "WORKSPACE_SIZE", "family", "per_tensor_quant_fp8", "per_token_quant_fp8"]
 
-_HERE = Path(__file__).resolve().parent
-_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+family = Family("quant_fp8", __file__)
 FP8_DTYPES = reference.FP8_DTYPES
+_E4M3, _E5M2 = FP8_DTYPES
+_FP32 = (torch.float32,)
 # Partial maxima of the dynamic per-tensor scale: one slot per block of the absmax pass (its grid is
-# capped by it).
+# capped by it). The dynamic op takes a workspace of exactly this size.
 WORKSPACE_SIZE = 1024
-# CUDA dynamic per-tensor path: "auto" (up to 64 KB of input one launch of the per-token kernel on the
-# tensor as one row; beyond twice the GPU's L2 size "three_kernels": absmax, scale, then the static
-# kernel; bf16 from a quarter of the L2 size up to there "fused": one cooperative kernel, sm_90+ with
-# 16-byte-aligned data; else "two_kernels": absmax, then a quantize pass that computes the scale
-# itself), or one of those always.
-_DYNAMIC_MODES = {"auto": 0, "fused": 1, "two_kernels": 2, "three_kernels": 3}
+_DYNAMIC_ALGOS = {"auto": 0, "fused": 1, "two_kernels": 2, "three_kernels": 3}
 
 
-def _dynamic_mode() -> int:
-    name = os.environ.get("SGLJIT_QUANT_FP8_DYNAMIC", "auto")
-    if name not in _DYNAMIC_MODES:
+def _dynamic_algo(name: str) -> int:
+    """The dynamic op's ``algo`` for a ``SGLJIT_QUANT_FP8_DYNAMIC`` value."""
+    if name not in _DYNAMIC_ALGOS:
         raise ValueError(
-            f"SGLJIT_QUANT_FP8_DYNAMIC={name!r}: expected one of {', '.join(_DYNAMIC_MODES)}"
+            f"SGLJIT_QUANT_FP8_DYNAMIC={name!r}: expected one of {', '.join(_DYNAMIC_ALGOS)}"
         )
-    return _DYNAMIC_MODES[name]
+    return _DYNAMIC_ALGOS[name]
+
+
+# Read once (the eager path does no environment lookups); a bad value is raised by the dynamic op.
+try:
+    _DYNAMIC_ALGO: int | None = _dynamic_algo(os.environ.get("SGLJIT_QUANT_FP8_DYNAMIC", "auto"))
+    _DYNAMIC_ALGO_ERROR: ValueError | None = None
+except ValueError as _err:
+    _DYNAMIC_ALGO, _DYNAMIC_ALGO_ERROR = None, _err
 
 
 # ------------------------------------------------------------------------------------------------
-# Module loaders: one specialization per (input dtype, fp8 dtype)
+# Specializations: one module per (input dtype, fp8 dtype) with all three kernels.
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_CUDA_FILE = "csrc/quant_fp8.cuh"
+_CUDA_CLASS = "sgljit_quant_fp8::QuantFp8<{dtype}, {fp8_dtype}>"
+_SYCL_FILE = "sycl/quant_fp8.hpp"
+_MODULE = "quant"
 
 
-@sgljit.cache_once
-def cuda_module(dtype, fp8_dtype):
-    """CUDA module exporting ``per_tensor_static(input, scale, out)``,
-    ``per_tensor_dynamic(input, out, scale, workspace, algo)`` and
-    ``per_token(input, out, scales)`` (see csrc/quant_fp8.cuh)."""
-    args = sgljit.make_cpp_args(as_dtype(dtype), as_dtype(fp8_dtype))
-    cls = f"sgljit_quant_fp8::QuantFp8<{args}>"
-    return sgljit.load_jit(
-        "quant_fp8",
-        args,
-        cuda_files=["quant_fp8.cuh"],
-        cuda_wrappers=[
-            ("per_tensor_static", f"{cls}::per_tensor_static"),
-            ("per_tensor_dynamic", f"{cls}::per_tensor_dynamic"),
-            ("per_token", f"{cls}::per_token"),
-        ],
-        source_dir=_HERE / "csrc",
-    )
+def _sycl_key(dtype: torch.dtype, fp8_dtype: torch.dtype) -> dict:
+    return {"SGLJIT_T": dtype, "QFP8_E5M2": int(fp8_dtype == _E5M2)}
 
 
-@sgljit.cache_once
-def sycl_module(dtype, fp8_dtype):
-    """SYCL module with kernels ``quant_fp8_static``, ``quant_fp8_absmax``, ``quant_fp8_dynamic``
-    and ``quant_fp8_per_token`` (see sycl/quant_fp8.hpp)."""
-    fp8 = as_dtype(fp8_dtype)
-    t, q = sgljit.make_cpp_args(as_dtype(dtype), fp8)
-    return sgljit.load_jit_sycl(
-        "quant_fp8",
-        t,
-        q,
-        sycl_files=[_HERE / "sycl" / "quant_fp8.hpp"],
-        extra_sycl_cflags=[f"-DSGLJIT_T={t}", f"-DQFP8_E5M2={int(fp8 == torch.float8_e5m2)}"],
-    )
-
-
-_LOADERS = {"cuda": cuda_module, "sycl": sycl_module}
-
-
-def prebuild_specs(backend: str = "cuda") -> list[dict]:
-    """Specializations a serving fleet needs on ``backend`` ("cuda" or "sycl"; the same list for
-    both): every input dtype with both fp8 formats (one module each holds all three ops), as dicts
-    of the loader's arguments; build one with ``prebuild(backend, **spec)``."""
-    if backend not in _LOADERS:
-        raise ValueError(
-            f"prebuild_specs: backend must be one of {sorted(_LOADERS)}, got {backend!r}"
-        )
-    return [
-        {"dtype": dtype, "fp8_dtype": fp8}
-        for dtype in ("bfloat16", "float16", "float32")
-        for fp8 in ("float8_e4m3fn", "float8_e5m2")
-    ]
-
-
-def prebuild(backend: str, **spec):
-    """Build (or fetch from the cache) the module of one ``prebuild_specs()`` entry."""
-    loader = _LOADERS.get(backend)
-    if loader is None:
-        raise ValueError(f"prebuild: backend must be one of {sorted(_LOADERS)}, got {backend!r}")
-    return loader(**spec)
-
-
-# ------------------------------------------------------------------------------------------------
-# The kernel ops (destination passing; the function bodies are the reference backend)
-
-
-@kernel_op("per_tensor_quant_fp8_static", mutates_args=("out",))
-def _per_tensor_static(input: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
-    reference.quantize_into(input, scale, out)
-
-
-@_per_tensor_static.register("cuda")
-def _(input, scale, out):
-    cuda_module(input.dtype, out.dtype).per_tensor_static(input, scale, out)
-
+_PREBUILD = {
+    "cuda": [{"dtype": dt, "fp8_dtype": f} for dt in _INPUT_DTYPES for f in FP8_DTYPES],
+    "sycl": [_sycl_key(dt, f) for dt in _INPUT_DTYPES for f in FP8_DTYPES],
+}
 
 _SYCL_WG = 256
 
@@ -143,77 +87,199 @@ def _sycl_items(n: int, per_item: int, max_groups: int) -> int:
     return groups * _SYCL_WG
 
 
-@_per_tensor_static.register("sycl")
-def _(input, scale, out):
+def _launch_static(module, key, input, scale, out) -> None:
     n = input.numel()
     if n == 0:
         return
-    fn = sycl_module(input.dtype, out.dtype).get_function(
-        "quant_fp8_static", ("ptr", "ptr", "ptr", "i64")
-    )
+    fn = module.get_function("quant_fp8_static", ("ptr", "ptr", "ptr", "i64"))
     fn(_sycl_items(n, 16, 1024), _SYCL_WG, input, scale, out, n)
 
 
-@kernel_op("per_tensor_quant_fp8_dynamic", mutates_args=("out", "scale", "workspace"))
-def _per_tensor_dynamic(
-    input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
-) -> None:
-    """``algo``: 0 = auto (see ``_DYNAMIC_MODES``); CUDA only: 1 = the fused cooperative kernel,
-    2 = two kernels, 3 = three kernels. ``workspace``: float32, at least 1 element."""
-    scale.copy_(reference.per_tensor_scale(input, out.dtype).view(scale.shape))
-    reference.quantize_into(input, scale, out)
-
-
-@_per_tensor_dynamic.register("cuda")
-def _(input, out, scale, workspace, algo):
-    cuda_module(input.dtype, out.dtype).per_tensor_dynamic(input, out, scale, workspace, algo)
-
-
-@_per_tensor_dynamic.register("sycl")
-def _(input, out, scale, workspace, algo):
+def _launch_dynamic(module, key, input, out, scale, workspace, algo) -> None:
+    """Two kernels (partial maxima, then every work-group reduces them and quantizes its range);
+    an empty input still writes the scale (2^-126)."""
     n = input.numel()
-    mod = sycl_module(input.dtype, out.dtype)
-    groups = _sycl_items(n, 64, workspace.numel()) // _SYCL_WG
-    absmax = mod.get_function("quant_fp8_absmax", ("ptr", "ptr", "i64"))
-    quant = mod.get_function("quant_fp8_dynamic", ("ptr", "ptr", "ptr", "ptr", "i64"))
-    absmax(groups * _SYCL_WG, _SYCL_WG, input, workspace, n)
-    quant(groups * _SYCL_WG, _SYCL_WG, input, out, scale, workspace, n)
+    items = _sycl_items(n, 64, workspace.numel())
+    absmax = module.get_function("quant_fp8_absmax", ("ptr", "ptr", "i64"))
+    quant = module.get_function("quant_fp8_dynamic", ("ptr", "ptr", "ptr", "ptr", "i64"))
+    absmax(items, _SYCL_WG, input, workspace, n)
+    quant(items, _SYCL_WG, input, out, scale, workspace, n)
 
 
-@kernel_op("per_token_quant_fp8", mutates_args=("out", "scales"))
-def _per_token(input: torch.Tensor, out: torch.Tensor, scales: torch.Tensor) -> None:
-    scales.copy_(reference.per_token_scales(input, out.dtype))
-    reference.quantize_into(input, scales, out)
-
-
-@_per_token.register("cuda")
-def _(input, out, scales):
-    cuda_module(input.dtype, out.dtype).per_token(input, out, scales)
-
-
-@_per_token.register("sycl")
-def _(input, out, scales):
+def _launch_per_token(module, key, input, out, scales) -> None:
     rows, hidden = input.shape
     if rows == 0:
         return
-    fn = sycl_module(input.dtype, out.dtype).get_function(
-        "quant_fp8_per_token", ("ptr", "i64", "ptr", "i64", "ptr", "i64")
-    )
+    fn = module.get_function("quant_fp8_per_token", ("ptr", "i64", "ptr", "i64", "ptr", "i64"))
     wg = 64
     fn(rows * wg, wg, input, input.stride(0), out, out.stride(0), scales, hidden)
 
 
 # ------------------------------------------------------------------------------------------------
-# Validation (errors name the argument) and the public functions
+# Check cases: bit-exact (tolerance 0) against the reference. The float64 oracle gives the same
+# bytes: the reference converts with x.float(), which recovers the 16/32-bit input exactly.
 
 
-def _check_input(input, ndim: int | None) -> None:
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
-    if input.dtype not in _INPUT_DTYPES:
-        raise TypeError(f"input: dtype must be float16, bfloat16 or float32, got {input.dtype}")
-    if ndim is not None and input.dim() != ndim:
-        raise ValueError(f"input: expected a 2-D tensor [T, H], got shape {tuple(input.shape)}")
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.").removeprefix("float8_")
+
+
+_COMBOS = [(dt, f) for dt in _INPUT_DTYPES for f in FP8_DTYPES]
+
+
+def _rand(device, shape, dtype, mul: float = 1.0, offset: int = 0) -> torch.Tensor:
+    """Contiguous random ``shape`` in ``dtype``; ``offset`` elements into its storage (so not
+    16-byte aligned when odd)."""
+    n = 1
+    for s in shape:
+        n *= s
+    flat = torch.randn(offset + n, device=device) * mul
+    return flat.to(dtype)[offset:].view(shape)
+
+
+def _fp8(device, shape, fp8_dtype, offset: int = 0) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.empty(offset + n, device=device, dtype=fp8_dtype)[offset:].view(shape)
+
+
+def _static_case(shape, dtype, fp8_dtype, offset=0, label="") -> Case:
+    def make(device):
+        x = _rand(device, shape, dtype, 50.0, offset)
+        scale = torch.tensor([0.0371], device=device)
+        return x, scale, _fp8(device, shape, fp8_dtype, offset)
+
+    name = f"{shape[0]}x{shape[1]}{label} {_name(dtype)}->{_name(fp8_dtype)}"
+    return Case(name, make, 0.0)
+
+
+def _dynamic_case(shape, dtype, fp8_dtype, algo=0, offset=0, label="") -> Case:
+    def make(device):
+        x = _rand(device, shape, dtype, 3.0, offset)
+        scale = torch.empty(1, device=device)
+        workspace = torch.empty(WORKSPACE_SIZE, device=device)
+        return x, _fp8(device, shape, fp8_dtype, offset), scale, workspace, algo
+
+    algo_name = next(k for k, v in _DYNAMIC_ALGOS.items() if v == algo)
+    name = f"{shape[0]}x{shape[1]}{label} {algo_name} {_name(dtype)}->{_name(fp8_dtype)}"
+    return Case(name, make, 0.0)
+
+
+def _per_token_case(rows, hidden, dtype, fp8_dtype, pad=0) -> Case:
+    """Rows over several magnitudes; ``pad``: input and out are column slices of wider buffers
+    (strided rows, starting ``pad`` and ``pad // 2`` elements in)."""
+
+    def make(device):
+        x = torch.randn(rows, hidden + pad, device=device) * torch.rand(rows, 1, device=device) * 10
+        x = x.to(dtype)[:, pad : pad + hidden]
+        out = torch.empty(rows, hidden + pad, device=device, dtype=fp8_dtype)
+        out = out[:, pad // 2 : pad // 2 + hidden]
+        return x, out, torch.empty(rows, 1, device=device)
+
+    label = " strided" if pad else ""
+    return Case(f"{rows}x{hidden}{label} {_name(dtype)}->{_name(fp8_dtype)}", make, 0.0)
+
+
+_BF16 = torch.bfloat16
+
+# ------------------------------------------------------------------------------------------------
+# The kernel ops (destination passing). Per-tensor ops see the tensor as [rows, cols] (contiguous;
+# the kernels treat it as one flat range), the public function views other shapes as [1, numel].
+
+_per_tensor_static = family.op(
+    "per_tensor_quant_fp8_static",
+    args={
+        "input": Tensor("num_tokens", "hidden", layout="contiguous"),
+        "scale": Tensor(1, dtype=_FP32, layout="strided"),
+        "out": Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, layout="contiguous", io="out"),
+    },
+    reference=reference.per_tensor_static_into,
+    cuda=Cuda(
+        _CUDA_FILE,
+        _CUDA_CLASS + "::per_tensor_static",
+        key=lambda input, scale, out: {"dtype": input.dtype, "fp8_dtype": out.dtype},
+        module=_MODULE,
+    ),
+    sycl=Sycl(
+        _SYCL_FILE,
+        key=lambda input, scale, out: _sycl_key(input.dtype, out.dtype),
+        launch=_launch_static,
+        module=_MODULE,
+    ),
+    # One entry per (dtype, fp8 dtype) builds the module all three ops share.
+    prebuild=_PREBUILD,
+    cases=[
+        *(_static_case((7, 1000), dt, f) for dt, f in _COMBOS),
+        _static_case((3, 37), _BF16, _E4M3, offset=1, label=" misaligned"),
+    ],
+)
+
+_per_tensor_dynamic = family.op(
+    "per_tensor_quant_fp8_dynamic",
+    args={
+        "input": Tensor("num_tokens", "hidden", layout="contiguous"),
+        "out": Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, layout="contiguous", io="out"),
+        "scale": Tensor(1, dtype=_FP32, layout="strided", io="out"),
+        "workspace": Tensor(WORKSPACE_SIZE, dtype=_FP32, layout="contiguous", io="scratch"),
+        "algo": Scalar(int, min=0, max=3),
+    },
+    reference=reference.per_tensor_dynamic_into,
+    doc="""``scale[0] = max(absmax(input) / fp8_max, 2^-126)``, ``out = quantize(input / scale)``.
+    ``workspace``: float32 ``[WORKSPACE_SIZE]`` (contents irrelevant, overwritten). ``algo`` (CUDA;
+    the reference and SYCL have one): 0 auto, 1 the fused cooperative kernel, 2 two kernels, 3
+    three kernels (see the module docstring).""",
+    cuda=Cuda(
+        _CUDA_FILE,
+        _CUDA_CLASS + "::per_tensor_dynamic",
+        key=lambda input, out, *_: {"dtype": input.dtype, "fp8_dtype": out.dtype},
+        module=_MODULE,
+    ),
+    sycl=Sycl(
+        _SYCL_FILE,
+        key=lambda input, out, *_: _sycl_key(input.dtype, out.dtype),
+        launch=_launch_dynamic,
+        module=_MODULE,
+    ),
+    cases=[
+        *(_dynamic_case((33, 4096), dt, f) for dt, f in _COMBOS),
+        _dynamic_case((3, 37), _BF16, _E4M3, offset=1, label=" misaligned"),
+        _dynamic_case((4, 1024), torch.float32, _E5M2),
+        *(_dynamic_case((257, 4096), _BF16, _E4M3, algo=a) for a in (1, 2, 3)),
+        _dynamic_case((257, 4097), torch.float16, _E5M2, algo=1, offset=1, label=" misaligned"),
+    ],
+)
+
+_per_token = family.op(
+    "per_token_quant_fp8",
+    args={
+        "input": Tensor("num_tokens", "hidden"),
+        "out": Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, io="out"),
+        "scales": Tensor("num_tokens", 1, dtype=_FP32, layout="contiguous", io="out"),
+    },
+    reference=reference.per_token_into,
+    cuda=Cuda(
+        _CUDA_FILE,
+        _CUDA_CLASS + "::per_token",
+        key=lambda input, out, scales: {"dtype": input.dtype, "fp8_dtype": out.dtype},
+        module=_MODULE,
+    ),
+    sycl=Sycl(
+        _SYCL_FILE,
+        key=lambda input, out, scales: _sycl_key(input.dtype, out.dtype),
+        launch=_launch_per_token,
+        module=_MODULE,
+    ),
+    cases=[
+        *(_per_token_case(9, 2048, dt, f) for dt, f in _COMBOS),
+        _per_token_case(7, 37, _BF16, _E5M2, pad=3),
+        _per_token_case(5, 1000, torch.float32, _E4M3, pad=32),
+    ],
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# Public functions
 
 
 def _check_fp8_dtype(fp8_dtype) -> None:
@@ -223,35 +289,23 @@ def _check_fp8_dtype(fp8_dtype) -> None:
         )
 
 
-def _check_out(out, input: torch.Tensor, fp8_dtype: torch.dtype, *, rows_only: bool) -> None:
+def _check_out_dtype(out, fp8_dtype) -> None:
+    if isinstance(out, torch.Tensor) and out.dtype != fp8_dtype:
+        raise TypeError(f"out: dtype must be {fp8_dtype} (fp8_dtype), got {out.dtype}")
+
+
+def _as_rows(input, out) -> tuple:
+    """A non-2-D ``input`` and ``out`` as ``[1, numel]`` views (both contiguous, one shape)."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
-    if out.dtype != fp8_dtype:
-        raise TypeError(f"out: dtype must be {fp8_dtype} (fp8_dtype), got {out.dtype}")
     if out.shape != input.shape:
         raise ValueError(
             f"out: shape {tuple(out.shape)} does not match input's {tuple(input.shape)}"
         )
-    if out.device != input.device:
-        raise ValueError(f"out: expected a tensor on {input.device} (as input), got {out.device}")
-    if rows_only:
-        if out.shape[-1] > 1 and out.stride(-1) != 1:
-            raise ValueError("out: the last dimension must be contiguous (stride 1)")
-    elif not out.is_contiguous():
-        raise ValueError("out: expected a contiguous tensor")
-
-
-def _check_scale(scale, input: torch.Tensor) -> None:
-    if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"scale: expected a torch.Tensor or None, got {type(scale).__name__}")
-    if scale.dtype != torch.float32:
-        raise TypeError(f"scale: dtype must be float32, got {scale.dtype}")
-    if scale.dim() > 1 or scale.numel() != 1:
-        raise ValueError(f"scale: expected shape [1] (or []), got {tuple(scale.shape)}")
-    if scale.device != input.device:
-        raise ValueError(
-            f"scale: expected a tensor on {input.device} (as input), got {scale.device}"
-        )
+    for name, t in (("input", input), ("out", out)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous() first)")
+    return input.view(1, -1), out.view(1, -1)
 
 
 def per_tensor_quant_fp8(
@@ -268,21 +322,25 @@ def per_tensor_quant_fp8(
     is. ``out`` (optional): fp8 tensor of input's shape, contiguous. Returns ``(out, scale)`` with
     ``out = (input.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` bit for bit.
     """
-    _check_input(input, None)
-    if not input.is_contiguous():
-        raise ValueError("input: expected a contiguous tensor (call .contiguous() first)")
     _check_fp8_dtype(fp8_dtype)
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
     if out is None:
         out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
     else:
-        _check_out(out, input, fp8_dtype, rows_only=False)
+        _check_out_dtype(out, fp8_dtype)
+    x, o = (input, out) if input.dim() == 2 else _as_rows(input, out)
     if scale is not None:
-        _check_scale(scale, input)
-        _per_tensor_static(input, scale, out)
+        if isinstance(scale, torch.Tensor) and scale.dim() == 0:
+            _per_tensor_static(x, scale.view(1), o)
+        else:
+            _per_tensor_static(x, scale, o)
         return out, scale
+    if _DYNAMIC_ALGO is None:
+        raise _DYNAMIC_ALGO_ERROR
     scale = torch.empty(1, dtype=torch.float32, device=input.device)
     workspace = torch.empty(WORKSPACE_SIZE, dtype=torch.float32, device=input.device)
-    _per_tensor_dynamic(input, out, scale, workspace, _dynamic_mode())
+    _per_tensor_dynamic(x, o, scale, workspace, _DYNAMIC_ALGO)
     return out, scale
 
 
@@ -298,77 +356,15 @@ def per_token_quant_fp8(
     Returns ``(out [T, H] fp8_dtype, scales [T, 1] fp32)``; ``out`` may be given (fp8, ``[T, H]``,
     last dimension contiguous).
     """
-    _check_input(input, 2)
-    if input.shape[1] > 1 and input.stride(1) != 1:
-        raise ValueError("input: the last dimension must be contiguous (stride 1)")
     _check_fp8_dtype(fp8_dtype)
+    if not isinstance(input, torch.Tensor) or input.dim() != 2:
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
+        raise ValueError(f"input: expected a 2-D tensor [T, H], got shape {tuple(input.shape)}")
     if out is None:
         out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
     else:
-        _check_out(out, input, fp8_dtype, rows_only=True)
+        _check_out_dtype(out, fp8_dtype)
     scales = torch.empty((input.shape[0], 1), dtype=torch.float32, device=input.device)
     _per_token(input, out, scales)
     return out, scales
-
-
-def check_cases(device: torch.device) -> list[dict]:
-    """``sgljit check``: bit-exact against PyTorch's own division, clamp and cast (tolerance 0)."""
-
-    def torch_quant(x: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
-        return reference.quantize(x, scale, fp8).double()
-
-    cases = []
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
-            name = (
-                f"{str(dtype).removeprefix('torch.')} -> {str(fp8).removeprefix('torch.float8_')}"
-            )
-
-            def dynamic(dtype=dtype, fp8=fp8):
-                x = torch.randn(33, 4096, device=device, dtype=dtype) * 3
-                out, scale = per_tensor_quant_fp8(x, fp8_dtype=fp8)
-                # (true division, as documented: torch's `tensor / python_float` on CUDA multiplies
-                # by the reciprocal, which is 1 ulp off for some absmax values)
-                expected_scale = reference.per_tensor_scale(x, fp8)
-                return (out.double(), scale), (torch_quant(x, expected_scale, fp8), expected_scale)
-
-            def static(dtype=dtype, fp8=fp8):
-                x = torch.randn(7, 1000, device=device, dtype=dtype) * 50
-                scale = torch.tensor([0.0371], device=device)
-                out, _ = per_tensor_quant_fp8(x, scale, fp8_dtype=fp8)
-                return out.double(), torch_quant(x, scale, fp8)
-
-            def per_token(dtype=dtype, fp8=fp8):
-                x = (
-                    torch.randn(9, 2048, device=device, dtype=dtype)
-                    * torch.rand(9, 1, device=device, dtype=dtype)
-                    * 10
-                )
-                out, scales = per_token_quant_fp8(x, fp8_dtype=fp8)
-                expected_scales = reference.per_token_scales(x, fp8)
-                return (out.double(), scales), (
-                    torch_quant(x, expected_scales, fp8),
-                    expected_scales,
-                )
-
-            cases += [
-                {
-                    "op": "per_tensor_quant_fp8",
-                    "shape": f"33x4096 dynamic {name}",
-                    "run": dynamic,
-                    "tol": 0.0,
-                },
-                {
-                    "op": "per_tensor_quant_fp8",
-                    "shape": f"7x1000 static {name}",
-                    "run": static,
-                    "tol": 0.0,
-                },
-                {
-                    "op": "per_token_quant_fp8",
-                    "shape": f"9x2048 {name}",
-                    "run": per_token,
-                    "tol": 0.0,
-                },
-            ]
-    return cases

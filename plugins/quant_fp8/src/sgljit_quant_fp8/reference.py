@@ -12,8 +12,11 @@ __all__ = [
     "FP8_DTYPES",
     "MIN_SCALE",
     "fp8_max",
+    "per_tensor_dynamic_into",
     "per_tensor_quant_fp8",
     "per_tensor_scale",
+    "per_tensor_static_into",
+    "per_token_into",
     "per_token_quant_fp8",
     "per_token_scales",
     "quantize",
@@ -43,6 +46,29 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> to
 
 def quantize_into(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(quantize(x, scale, out.dtype).view(out.shape))
+
+
+def per_tensor_static_into(input: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = (input.float() / scale).clamp(-fp8_max, fp8_max).to(out.dtype)`` (scale: fp32
+    ``[1]``)."""
+    quantize_into(input, scale, out)
+
+
+def per_tensor_dynamic_into(
+    input: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, workspace: torch.Tensor, algo: int
+) -> None:
+    """``scale[0] = max(absmax(input) / fp8_max, 2^-126)``, then ``out`` as
+    :func:`per_tensor_static_into` with it. ``workspace`` (the kernels' partial maxima) and
+    ``algo`` (the CUDA algorithm) do not change the result."""
+    scale.copy_(per_tensor_scale(input, out.dtype).view(scale.shape))
+    quantize_into(input, scale, out)
+
+
+def per_token_into(input: torch.Tensor, out: torch.Tensor, scales: torch.Tensor) -> None:
+    """Per row of ``input`` ``[T, H]``: ``scales[t] = max(absmax(input[t]) / fp8_max, 2^-126)``
+    (``scales`` ``[T, 1]``), ``out[t] = quantize(input[t] / scales[t])``."""
+    scales.copy_(per_token_scales(input, out.dtype))
+    quantize_into(input, scales, out)
 
 
 def per_tensor_scale(x: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:

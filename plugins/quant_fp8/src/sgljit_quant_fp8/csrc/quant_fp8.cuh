@@ -960,18 +960,6 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
 
 inline int l2_bytes(int device_id) { return device_attribute(device_id, cudaDevAttrL2CacheSize); }
 
-inline void check_dtype(const TensorView& t, const char* name, DLDataType want) {
-  RuntimeCheck(same_dtype(t.dtype(), want), name, ": dtype expected ", dtype_name(want), ", got ",
-               dtype_name(t.dtype()));
-}
-
-inline void check_device(const TensorView& t, const char* name, DLDevice want) {
-  RuntimeCheck(t.device().device_type == kDLCUDA, name, ": expected a tensor on cuda, got one on ",
-               device_name(t.device()));
-  RuntimeCheck(t.device().device_id == want.device_id, name, ": expected a tensor on ",
-               device_name(want), " (same as input), got one on ", device_name(t.device()));
-}
-
 inline bool aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
@@ -984,35 +972,19 @@ int64_t persistent_grid(int device_id, int64_t nv, int64_t cap) {
   return std::clamp<int64_t>(div_ceil<int64_t>(nv, kThreads), 1, std::min(full, cap));
 }
 
+// The entry points. Shapes, strides, dtypes, devices and overlap were checked by the code sgljit.op
+// generates from the ops' declared arguments (see ops.py): input and out contiguous [rows, cols] of
+// one shape (per-tensor; the kernels see one flat range) or [T, H] with unit last stride (per-token),
+// scale fp32 [1], scales fp32 [T, 1] contiguous, workspace fp32 [WORKSPACE_SIZE] contiguous,
+// 0 <= algo <= 3, all on one CUDA device. Here only what the kernels add.
 template <typename T, typename Q>
 struct QuantFp8 {
   static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
 
-  // input (contiguous, any shape) and out (contiguous, same numel); checks and returns numel.
-  static int64_t check_pair(const TensorView& input, const TensorView& out, DLDevice& dev) {
-    check_dtype(input, "input", DTypeTrait<T>::value);
-    check_dtype(out, "out", DTypeTrait<Q>::value);
-    dev = input.device();
-    check_device(input, "input", dev);
-    check_device(out, "out", dev);
-    RuntimeCheck(input.IsContiguous(), "input: expected a contiguous tensor");
-    RuntimeCheck(out.IsContiguous(), "out: expected a contiguous tensor");
-    RuntimeCheck(out.numel() == input.numel(), "out: expected ", input.numel(), " elements (as input), got ",
-                 out.numel());
-    return input.numel();
-  }
-
-  static void check_scale(const TensorView& scale, const char* name, DLDevice dev) {
-    check_dtype(scale, name, DTypeTrait<float>::value);
-    check_device(scale, name, dev);
-    RuntimeCheck(scale.numel() == 1, name, ": expected one element, got ", scale.numel());
-  }
-
   // out = quantize(input / scale[0]).
   static void per_tensor_static(TensorView input, TensorView scale, TensorView out) {
-    DLDevice dev;
-    const int64_t numel = check_pair(input, out, dev);
-    check_scale(scale, "scale", dev);
+    const DLDevice dev = input.device();
+    const int64_t numel = input.numel();
     if (numel == 0) return;
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
@@ -1027,7 +999,7 @@ struct QuantFp8 {
 
   // out = quantize(input / s), scale[0] = s = max(absmax(input) / fp8_max, 2^-126).
   // workspace: float32, one element per block (the grid is capped by its size; its content does not
-  // matter: it is overwritten).
+  // matter: it is overwritten; non-empty by its declared size).
   // algo: 0 = auto (one row of the per-token kernel up to QUANT_FP8_ONE_ROW_BYTES, three kernels
   // beyond QUANT_FP8_FINALIZE_MIN_L2S times the L2 size, for bf16 the fused kernel from
   // QUANT_FP8_FUSED_MIN_L2_PCT % of the L2 size up to there, else two kernels), 1 = the fused
@@ -1035,15 +1007,8 @@ struct QuantFp8 {
   // 3 = three kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t algo) {
-    DLDevice dev;
-    const int64_t numel = check_pair(input, out, dev);
-    check_scale(scale, "scale", dev);
-    check_dtype(workspace, "workspace", DTypeTrait<float>::value);
-    check_device(workspace, "workspace", dev);
-    RuntimeCheck(workspace.IsContiguous() && workspace.numel() > 0,
-                 "workspace: expected a non-empty contiguous tensor");
-    RuntimeCheck(algo >= 0 && algo <= 3, "algo: expected 0 (auto), 1 (fused), 2 (two kernels) or 3 (three kernels), got ",
-                 algo);
+    const DLDevice dev = input.device();
+    const int64_t numel = input.numel();
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     // (An empty input takes this path too and gets the scale of an all-zero tensor, 2^-126.)
@@ -1161,15 +1126,10 @@ struct QuantFp8 {
   // out[t, :] = quantize(input[t, :] / scales[t]), scales[t] = max(absmax(input[t, :]) / fp8_max, 2^-126).
   // input [T, H] with unit stride along H (any row stride), out [T, H] likewise, scales [T, 1] fp32.
   static void per_token(TensorView input, TensorView out, TensorView scales) {
-    SymbolicSize T_{"num_tokens"}, H{"hidden"}, S{"input_row_stride"}, So{"out_row_stride"};
-    SymbolicDevice dev;
-    TensorMatcher({T_, H}).with_strides({S, 1}).with_dtype<T>().with_device(kDLCUDA, dev).verify(input, "input");
-    TensorMatcher({T_, H}).with_strides({So, 1}).with_dtype<Q>().with_device(kDLCUDA, dev).verify(out, "out");
-    TensorMatcher({T_, 1}).with_strides({1, 1}).with_dtype<float>().with_device(kDLCUDA, dev).verify(scales, "scales");
-    const int64_t rows = T_.value(), hidden = H.value();
+    const DLDevice dev = input.device();
+    const int64_t rows = input.size(0), hidden = input.size(1);
     if (rows == 0) return;
     RuntimeCheck(hidden < (int64_t(1) << 31), "input: rows longer than 2^31 - 1 elements are not supported");
-    // Strides of size-1 dimensions are not bound by the matcher: take them from the tensors.
     const int64_t in_stride = input.stride(0), out_stride = out.stride(0);
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
@@ -1177,9 +1137,9 @@ struct QuantFp8 {
     const bool vec_ok = hidden % kVec == 0 && aligned(x, sizeof(T) * kVec) && aligned(o, kVec) &&
                         (rows == 1 || (in_stride % kVec == 0 && out_stride % kVec == 0));
     if (vec_ok) {
-      token_launch<kVec>(x, in_stride, o, out_stride, s, rows, hidden, dev.value());
+      token_launch<kVec>(x, in_stride, o, out_stride, s, rows, hidden, dev);
     } else {
-      token_launch<1>(x, in_stride, o, out_stride, s, rows, hidden, dev.value());
+      token_launch<1>(x, in_stride, o, out_stride, s, rows, hidden, dev);
     }
   }
 
