@@ -4,10 +4,16 @@ Every backend must be bit-identical to PyTorch's ``(x.float() / scale).clamp(-m,
 the same scale (the reference backend IS that formula; it is checked against an independent
 float64 oracle with its own fp8 encoder). CPU CI: reference, the CUDA compile, SYCL on the SYCL CPU
 device (incl. the exhaustive conversion over all 65536 bf16 and fp16 bit patterns). On a GPU: the
-same on CUDA plus large shapes, strided views, torch.compile and CUDA graphs.
+same on CUDA plus every dynamic algorithm, large shapes, strided views, torch.compile of the public
+functions and CUDA graphs of every algorithm. What every op must do (argument checks from the spec,
+poisoned outputs against the float64 reference, torch.compile and graphs of the kernel ops) is the
+conformance suite's (tests/plugins/test_conformance.py).
 """
 
+import contextlib
 import os
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -23,7 +29,7 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8 = (E4M3, E5M2)
 # The CUDA dynamic per-tensor algorithms by name (auto, fused, two_kernels, three_kernels), as the op
 # numbers them; FORCED: every one but auto.
-DYNAMIC_MODES = ops._DYNAMIC_MODES
+DYNAMIC_MODES = ops._DYNAMIC_ALGOS
 FORCED_MODES = {name: algo for name, algo in DYNAMIC_MODES.items() if name != "auto"}
 
 # The (input dtype, fp8 dtype) specializations the tests run (and the CUDA compile test builds).
@@ -38,6 +44,11 @@ COMBO_IDS = ["bf16-e4m3", "bf16-e5m2", "fp16-e5m2", "fp32-e4m3"]
 
 def _device(backend: str) -> str:
     return "cuda" if backend == "cuda" else "cpu"
+
+
+def _ctx(backend: str):
+    """The backend's context for CPU tensors (CUDA tensors pick CUDA by themselves)."""
+    return contextlib.nullcontext() if backend == "cuda" else sgljit.use_backend(backend)
 
 
 def _run(backend: str, fn, *args, **kwargs):
@@ -376,32 +387,31 @@ def test_exhaustive_conversion(backend, dtype, fp8_dtype):
 
 
 # ------------------------------------------------------------------------------------------------
-# Bad inputs: errors name the argument
+# What the public functions check beyond the kernel ops' specs (those are the conformance suite's)
 
 
-def test_bad_inputs_raise_named_errors():
+def test_public_function_errors_name_the_argument():
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     f, g = sgljit.ops.per_tensor_quant_fp8, sgljit.ops.per_token_quant_fp8
     cases = [
-        (TypeError, "input", lambda: f(torch.ones(4, 8, dtype=torch.int32))),
         (TypeError, "input", lambda: f([1.0, 2.0])),
-        (ValueError, "input", lambda: f(x.t())),
         (TypeError, "fp8_dtype", lambda: f(x, fp8_dtype=torch.float16)),
-        (TypeError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=torch.bfloat16))),
+        # an fp8 out of the other format than fp8_dtype: the kernel op would accept it
         (TypeError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=E5M2))),
-        (ValueError, "out", lambda: f(x, out=torch.empty(4, 9, dtype=E4M3))),
-        (ValueError, "out", lambda: f(x, out=torch.empty(8, 4, dtype=E4M3).t())),
-        (ValueError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=E4M3, device="meta"))),
-        (TypeError, "scale", lambda: f(x, torch.ones(1, dtype=torch.float16))),
+        (TypeError, "out", lambda: f(x, out=torch.empty(4, 8, dtype=torch.bfloat16))),
         (TypeError, "scale", lambda: f(x, 0.5)),
         (ValueError, "scale", lambda: f(x, torch.ones(2))),
         (ValueError, "scale", lambda: f(x, torch.ones(1, 1))),
-        (ValueError, "scale", lambda: f(x, torch.ones(1, device="meta"))),
-        (TypeError, "input", lambda: g(torch.ones(4, 8, dtype=torch.int8))),
+        # any shape is viewed as [1, numel]: out must have input's shape, both contiguous
+        (ValueError, "out", lambda: f(torch.randn(2, 3, 4), out=torch.empty(6, 4, dtype=E4M3))),
+        (ValueError, "out", lambda: f(torch.randn(24), out=torch.empty(24, 2, dtype=E4M3)[:, 0])),
+        (ValueError, "input", lambda: f(torch.randn(2, 4, 3).transpose(1, 2))),
+        (ValueError, "input", lambda: f(x.t())),
+        (TypeError, "input", lambda: g([[1.0]])),
         (ValueError, "input", lambda: g(torch.randn(2, 4, 8))),
-        (ValueError, "input", lambda: g(x.t())),
+        (ValueError, "input", lambda: g(torch.tensor(1.0))),
         (TypeError, "fp8_dtype", lambda: g(x, fp8_dtype=torch.uint8)),
-        (TypeError, "out", lambda: g(x, out=torch.empty(4, 8, dtype=torch.uint8))),
+        (TypeError, "out", lambda: g(x, out=torch.empty(4, 8, dtype=E5M2))),
         (ValueError, "out", lambda: g(x, out=torch.empty(4, 7, dtype=E4M3))),
     ]
     for exc, name, call in cases:
@@ -409,18 +419,49 @@ def test_bad_inputs_raise_named_errors():
             call()
 
 
-@needs_gpu
-@pytest.mark.gpu
-def test_bad_devices_cuda():
-    x = torch.randn(4, 8, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match=r"^scale"):
-        sgljit.ops.per_tensor_quant_fp8(x, torch.ones(1))
-    with pytest.raises(ValueError, match=r"^out"):
-        sgljit.ops.per_token_quant_fp8(x, out=torch.empty(4, 8, dtype=E4M3))
-    # the kernel's own checks (direct module call) name the tensor too
-    mod = ops.cuda_module(torch.bfloat16, E4M3)
-    with pytest.raises(ValueError, match="out"):
-        mod.per_tensor_static(x, torch.ones(1, device="cuda"), torch.empty(4, 8, device="cuda"))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_tensor_scale_of_shape_0d_and_any_input_shape(backend):
+    dev = _device(backend)
+    x = _data((2, 3, 5), torch.float16, dev, seed=4)
+    s = torch.tensor(0.0173, device=dev)  # [] is as good as [1], and is returned as given
+    got, scale = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, s)
+    assert scale is s and got.shape == x.shape and got.dtype == E4M3
+    assert_fp8_equal(got, reference.quantize(x, s, E4M3), exact_nan=dev == "cuda")
+    got, scale = _run(backend, sgljit.ops.per_tensor_quant_fp8, torch.tensor(3.0, device=dev))
+    assert got.shape == () and scale.shape == (1,) and got.float().item() == 448.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", [-1, 4])
+def test_dynamic_algo_out_of_range_is_refused(backend, algo):
+    # The private op's algorithm index (0..3) is checked before any launch, on every backend.
+    dev = _device(backend)
+    x = _data((1, 4096), torch.bfloat16, dev, seed=3)
+    out = _poisoned(x.shape, E4M3, dev)
+    scale = torch.full((1,), float("nan"), device=dev)
+    workspace = torch.zeros(ops.WORKSPACE_SIZE, device=dev)
+    bound = ">= 0" if algo < 0 else "<= 3"
+    with (
+        _ctx(backend),
+        pytest.raises(ValueError, match=rf"^algo: expected a value {bound}, got {algo}"),
+    ):
+        ops._per_tensor_dynamic(x, out, scale, workspace, algo)
+    assert torch.isnan(scale).all()  # nothing ran
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_workspace_has_its_declared_size(backend):
+    # The workspace caps the absmax grid (one partial maximum per block): exactly WORKSPACE_SIZE
+    # float32 elements, checked before any launch.
+    dev = _device(backend)
+    x = _data((1, 4096), torch.bfloat16, dev, seed=3)
+    out = _poisoned(x.shape, E4M3, dev)
+    scale = torch.full((1,), float("nan"), device=dev)
+    for size in (0, 8, ops.WORKSPACE_SIZE + 1):
+        workspace = torch.zeros(size, device=dev)
+        with _ctx(backend), pytest.raises(ValueError, match=r"^workspace: dimension 0 expected"):
+            ops._per_tensor_dynamic(x, out, scale, workspace, DYNAMIC_MODES["two_kernels"])
+        assert torch.isnan(scale).all(), size  # nothing ran
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,27 +487,38 @@ def _has_nvcc() -> bool:
 
 @pytest.mark.skipif(not _has_nvcc(), reason="nvcc not found")
 def test_cuda_compiles(cuda_build_env):
-    """Every (dtype, fp8 dtype) the tests use, two builds at a time (~10 s each)."""
+    """Every (dtype, fp8 dtype) the tests use, two builds at a time (~10 s each): one module holds
+    the three ops' checked entry points."""
     from concurrent.futures import ThreadPoolExecutor
 
+    def build(combo):
+        return ops.family.prebuild(
+            "cuda", "per_tensor_quant_fp8_static", dtype=combo[0], fp8_dtype=combo[1]
+        )
+
     with ThreadPoolExecutor(2) as pool:
-        mods = list(pool.map(lambda c: ops.prebuild("cuda", dtype=c[0], fp8_dtype=c[1]), COMBOS))
+        mods = list(pool.map(build, COMBOS))
     for mod in mods:
-        for name in ("per_tensor_static", "per_tensor_dynamic", "per_token"):
+        for name in ops.family.ops:
             assert callable(getattr(mod, name))
 
 
 def test_prebuild_specs_cover_all_dtypes():
-    specs = ops.prebuild_specs("cuda")  # called with the backend, as `sgljit build` does
-    assert ops.prebuild_specs("sycl") == specs
+    specs = ops.family.prebuild_specs("cuda")  # called with the backend, as `sgljit build` does
     with pytest.raises(ValueError, match="backend"):
-        ops.prebuild_specs("rocm")
+        ops.family.prebuild_specs("rocm")
     assert len(specs) == 6
-    assert {(s["dtype"], s["fp8_dtype"]) for s in specs} == {
-        (d, f) for d in ("bfloat16", "float16", "float32") for f in ("float8_e4m3fn", "float8_e5m2")
+    assert {(s["op"], s["dtype"], s["fp8_dtype"]) for s in specs} == {
+        ("per_tensor_quant_fp8_static", d, f)
+        for d in ("bfloat16", "float16", "float32")
+        for f in ("float8_e4m3fn", "float8_e5m2")
     }
-    with pytest.raises(ValueError, match="backend"):
-        ops.prebuild("rocm", **specs[0])
+    # SYCL: the same six modules, by their -D macros
+    assert {(s["SGLJIT_T"], s["QFP8_E5M2"]) for s in ops.family.prebuild_specs("sycl")} == {
+        (d, e) for d in ("bfloat16", "float16", "float32") for e in (0, 1)
+    }
+    with pytest.raises(ValueError, match="rocm"):
+        ops.family.prebuild("rocm", **specs[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -496,7 +548,7 @@ def _check_dynamic_mode(x: torch.Tensor, mode: int, fp8_dtype: torch.dtype) -> N
     out = _poisoned(x.shape, fp8_dtype, "cuda")
     scale = torch.full((1,), float("nan"), device="cuda")
     workspace = torch.full((ops.WORKSPACE_SIZE,), float("nan"), device="cuda")
-    ops._per_tensor_dynamic(x, out, scale, workspace, mode)
+    ops._per_tensor_dynamic(x.view(1, -1), out.view(1, -1), scale, workspace, mode)
     want, ws = reference.per_tensor_quant_fp8(x, fp8_dtype=fp8_dtype)
     assert torch.equal(scale, ws)
     assert_fp8_equal(out, want, exact_nan=True)
@@ -509,38 +561,6 @@ def _check_per_token(x: torch.Tensor, fp8_dtype: torch.dtype) -> None:
     want, want_scales = reference.per_token_quant_fp8(x, fp8_dtype)
     assert torch.equal(got_scales, want_scales)
     assert_fp8_equal(got, want, exact_nan=True)
-
-
-@needs_gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("algo", [-1, 4])
-def test_cuda_dynamic_bad_algo(algo):
-    # The private op's algorithm index is checked in C++ before any launch.
-    x = _data((4096,), torch.bfloat16, "cuda", seed=3)
-    out = _poisoned(x.shape, E4M3, "cuda")
-    scale = torch.full((1,), float("nan"), device="cuda")
-    workspace = torch.zeros(ops.WORKSPACE_SIZE, device="cuda")
-    with pytest.raises(ValueError, match=r"algo: expected 0 \(auto\).*got " + str(algo)):
-        ops._per_tensor_dynamic(x, out, scale, workspace, algo)
-    assert torch.isnan(scale).all()  # nothing ran
-
-
-@needs_gpu
-@pytest.mark.gpu
-def test_cuda_dynamic_bad_workspace():
-    # The private op's workspace is checked in C++ before any launch: float32, contiguous, non-empty.
-    x = _data((4096,), torch.bfloat16, "cuda", seed=3)
-    out = _poisoned(x.shape, E4M3, "cuda")
-    scale = torch.full((1,), float("nan"), device="cuda")
-    bad = {
-        "empty": torch.empty(0, device="cuda"),
-        "int32": torch.zeros(8, dtype=torch.int32, device="cuda"),
-        "strided": torch.zeros(16, device="cuda")[::2],
-    }
-    for name, workspace in bad.items():
-        with pytest.raises(ValueError, match=r"workspace: "):
-            ops._per_tensor_dynamic(x, out, scale, workspace, DYNAMIC_MODES["two_kernels"])
-        assert torch.isnan(scale).all(), name  # nothing ran
 
 
 @needs_gpu
@@ -755,24 +775,27 @@ def test_cuda_graph_capture_and_replay(mode):
         assert_fp8_equal(tok_out, want, exact_nan=True)
 
 
-@needs_gpu
-@pytest.mark.gpu
-def test_cuda_non_default_stream():
-    x = _data((1024, 4096), torch.bfloat16, "cuda", seed=6)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        got, scale = sgljit.ops.per_tensor_quant_fp8(x)
-    s.synchronize()
-    want, ws = reference.per_tensor_quant_fp8(x)
-    assert torch.equal(scale, ws)
-    assert_fp8_equal(got, want, exact_nan=True)
-
-
-def test_dynamic_mode_env_is_checked(monkeypatch):
-    monkeypatch.setenv("SGLJIT_QUANT_FP8_DYNAMIC", "fastest")
-    with pytest.raises(ValueError, match="SGLJIT_QUANT_FP8_DYNAMIC"):
-        sgljit.ops.per_tensor_quant_fp8(torch.randn(8))
-    monkeypatch.setenv("SGLJIT_QUANT_FP8_DYNAMIC", "two_kernels")
+def test_dynamic_mode_env_is_read_once_at_import(monkeypatch):
+    with pytest.raises(ValueError, match="SGLJIT_QUANT_FP8_DYNAMIC='fastest'"):
+        ops._dynamic_algo("fastest")
+    monkeypatch.setenv("SGLJIT_QUANT_FP8_DYNAMIC", "fastest")  # too late: read at import
     x = torch.randn(8)
     assert torch.equal(sgljit.ops.per_tensor_quant_fp8(x)[1], reference.per_tensor_scale(x, E4M3))
+    # A fresh process: the value at import is the algorithm; a bad one fails the dynamic op only.
+    script = (
+        "import torch, sgljit\n"
+        "from sgljit_quant_fp8 import ops\n"
+        "print(ops._DYNAMIC_ALGO)\n"
+        "sgljit.ops.per_tensor_quant_fp8(torch.randn(8), torch.ones(1))\n"
+        "sgljit.ops.per_tensor_quant_fp8(torch.randn(8))\n"
+    )
+    for value, expect in (("three_kernels", "3\n"), ("fastest", "None\n")):
+        env = {**os.environ, "SGLJIT_QUANT_FP8_DYNAMIC": value}
+        run = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True
+        )
+        assert run.stdout == expect, run.stderr
+        if value == "fastest":
+            assert "ValueError: SGLJIT_QUANT_FP8_DYNAMIC='fastest'" in run.stderr
+        else:
+            assert run.returncode == 0, run.stderr
