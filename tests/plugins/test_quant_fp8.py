@@ -420,7 +420,7 @@ def test_public_function_errors_name_the_argument():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_per_tensor_scale_of_shape_0d_and_any_input_shape(backend):
+def test_per_tensor_0d_scale_and_any_input_shape(backend):
     dev = _device(backend)
     x = _data((2, 3, 5), torch.float16, dev, seed=4)
     s = torch.tensor(0.0173, device=dev)  # [] is as good as [1], and is returned as given
