@@ -976,13 +976,27 @@ int64_t persistent_grid(int device_id, int64_t nv, int64_t cap) {
 // generates from the ops' declared arguments (see ops.py): input and out contiguous [rows, cols] of
 // one shape (per-tensor; the kernels see one flat range) or [T, H] with unit last stride (per-token),
 // scale fp32 [1], scales fp32 [T, 1] contiguous, workspace fp32 [WORKSPACE_SIZE] contiguous,
-// 0 <= algo <= 3, all on one CUDA device. Here only what the kernels add.
+// 0 <= algo <= 3, all on one CUDA device. Here only what the kernels add: the dtypes this module
+// was compiled for (the spec allows any input float and either fp8 format; dispatch picks the module).
 template <typename T, typename Q>
 struct QuantFp8 {
   static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
 
+  // (The messages are built only on a failure.)
+  static void check_compiled(const TensorView& input, const TensorView& out) {
+    if (!same_dtype(input.dtype(), DTypeTrait<T>::value)) {
+      RuntimeCheck(false, "input: this module was compiled for dtype ", dtype_name(DTypeTrait<T>::value), ", got ",
+                   dtype_name(input.dtype()));
+    }
+    if (!same_dtype(out.dtype(), DTypeTrait<Q>::value)) {
+      RuntimeCheck(false, "out: this module was compiled for dtype ", dtype_name(DTypeTrait<Q>::value), ", got ",
+                   dtype_name(out.dtype()));
+    }
+  }
+
   // out = quantize(input / scale[0]).
   static void per_tensor_static(TensorView input, TensorView scale, TensorView out) {
+    check_compiled(input, out);
     const DLDevice dev = input.device();
     const int64_t numel = input.numel();
     if (numel == 0) return;
@@ -1007,6 +1021,7 @@ struct QuantFp8 {
   // 3 = three kernels.
   static void per_tensor_dynamic(TensorView input, TensorView out, TensorView scale, TensorView workspace,
                                  int64_t algo) {
+    check_compiled(input, out);
     const DLDevice dev = input.device();
     const int64_t numel = input.numel();
     const T* x = static_cast<const T*>(input.data_ptr());
@@ -1126,6 +1141,7 @@ struct QuantFp8 {
   // out[t, :] = quantize(input[t, :] / scales[t]), scales[t] = max(absmax(input[t, :]) / fp8_max, 2^-126).
   // input [T, H] with unit stride along H (any row stride), out [T, H] likewise, scales [T, 1] fp32.
   static void per_token(TensorView input, TensorView out, TensorView scales) {
+    check_compiled(input, out);
     const DLDevice dev = input.device();
     const int64_t rows = input.size(0), hidden = input.size(1);
     if (rows == 0) return;
