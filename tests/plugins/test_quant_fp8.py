@@ -579,6 +579,20 @@ def test_cuda_dynamic_modes_other_dtypes(mode, fp8_dtype, dtype, offset):
     _check_dynamic_mode(x, mode, fp8_dtype)
 
 
+@needs_gpu
+@pytest.mark.gpu
+def test_cuda_module_refuses_dtypes_it_was_not_compiled_for():
+    # Dispatch picks the module by dtypes; a direct call of another module's function is refused.
+    mod = ops.family.cuda_module(ops._MODULE, {"dtype": torch.bfloat16, "fp8_dtype": E4M3})
+    x = torch.randn(4, 8, device="cuda")
+    out = torch.empty(4, 8, dtype=E4M3, device="cuda")
+    scales = torch.empty(4, 1, device="cuda")
+    with pytest.raises(ValueError, match=r"^input: this module was compiled for dtype bfloat16"):
+        mod.per_token_quant_fp8(x, out, scales)
+    with pytest.raises(ValueError, match=r"^out: this module was compiled for dtype float8_e4m3fn"):
+        mod.per_tensor_quant_fp8_static(x.bfloat16(), torch.ones(1, device="cuda"), out.view(E5M2))
+
+
 def _near_boundaries(scale: float, fp8_dtype, g: torch.Generator, reach: int = 6) -> torch.Tensor:
     """fp32 values x with x / scale within about ``reach`` ulps of every point where the fp8
     conversion changes its result (each finite non-zero value, each midpoint between neighbours),
