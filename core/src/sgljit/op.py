@@ -172,11 +172,11 @@ class Op:
         if not tensors or next(iter(args)) != tensors[0]:
             raise ValueError(f"op {name!r}: the first argument must be a tensor")
         for n, a in args.items():
-            if isinstance(a, Tensor) and isinstance(a.dtype, str):
-                if a.dtype not in tensors or tensors.index(a.dtype) >= tensors.index(n):
-                    raise ValueError(
-                        f"op {name!r}: {n}'s dtype refers to {a.dtype!r}, not an earlier tensor"
-                    )
+            refers = isinstance(a, Tensor) and isinstance(a.dtype, str)
+            if refers and (a.dtype not in tensors or tensors.index(a.dtype) >= tensors.index(n)):
+                raise ValueError(
+                    f"op {name!r}: {n}'s dtype refers to {a.dtype!r}, not an earlier tensor"
+                )
         self.family, self.name = family, name
         self.args = dict(args)
         self.params = tuple(args)
@@ -203,9 +203,9 @@ class Op:
 
         dispatch.__signature__ = self.signature  # type: ignore[attr-defined]
         dispatch.__name__ = name
-        self.custom_op = torch.library.custom_op(
-            f"{NAMESPACE}::{name}", mutates_args=self.writes
-        )(dispatch)
+        self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=self.writes)(
+            dispatch
+        )
         self.custom_op.register_fake(lambda *a, **kw: None)
 
     def __repr__(self) -> str:
@@ -230,7 +230,9 @@ class Op:
     def _dispatch(self, *args) -> None:
         first = args[0]
         if not isinstance(first, torch.Tensor):
-            raise TypeError(f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}")
+            raise TypeError(
+                f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}"
+            )
         backend = _backend.select_backend(first)
         if backend != "reference" and torch.is_grad_enabled():
             self._refuse_grad(backend, args)
