@@ -185,6 +185,12 @@ def versions() -> dict[str, str]:
             out[dist] = version(dist)
         except PackageNotFoundError:
             out[dist] = "missing"
+    try:  # the sglang-jit provider's fetched tree (sglang_provider.py; a file read, no import)
+        from sglang_provider import version as sglang_jit_version
+
+        out["sglang-jit"] = sglang_jit_version() or "missing"
+    except ImportError:
+        pass
     return out
 
 
