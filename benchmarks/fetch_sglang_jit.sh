@@ -32,6 +32,13 @@ DEST="${1:-$ROOT/.whl/sglang_jit}"
 VERSION="${SGLANG_VERSION:-0.5.13}"
 PYTHON="${PYTHON:-python3}"
 
+mkdir -p "$(dirname "$DEST")"
+DEST="$(cd "$(dirname "$DEST")" && pwd)/$(basename "$DEST")"
+if [[ -e "$DEST" && ! -d "$DEST/sglang/jit_kernel" && -n "$(ls -A "$DEST" 2>/dev/null)" ]]; then
+    echo "!! $DEST exists and does not look like an earlier fetch (no sglang/jit_kernel): not replacing it" >&2
+    exit 1
+fi
+
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
@@ -43,13 +50,6 @@ else
         --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64 \
         -d "$tmp" "sglang==$VERSION"
     wheel="$(ls "$tmp"/sglang-*.whl)"
-fi
-
-mkdir -p "$(dirname "$DEST")"
-DEST="$(cd "$(dirname "$DEST")" && pwd)/$(basename "$DEST")"
-if [[ -e "$DEST" && ! -d "$DEST/sglang/jit_kernel" && -n "$(ls -A "$DEST" 2>/dev/null)" ]]; then
-    echo "!! $DEST exists and does not look like an earlier fetch (no sglang/jit_kernel): not replacing it" >&2
-    exit 1
 fi
 
 echo "== extracting jit_kernel from $(basename "$wheel")"
