@@ -404,16 +404,17 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
         f"{per_call_us(lambda: torch.mul(x, 3, out=out), calls):.2f} µs",
     )
     try:
-        from sgljit.op import kernel_op
+        from sgljit.op import Family, Tensor
 
-        def bench_scale_(x: torch.Tensor, out: torch.Tensor) -> None:
-            torch.mul(x, 3, out=out)
-
-        kop = kernel_op("bench_jit_scale", mutates_args=("out",))(bench_scale_)
+        kop = Family("bench_jit", __file__).op(
+            "bench_jit_scale",
+            args={"x": Tensor("n"), "out": Tensor("n", dtype="x", io="out")},
+            reference=lambda x, out: torch.mul(x, 3, out=out),
+        )
         rep.add(
-            "host: kernel_op eager dispatch to the reference (torch.mul) body",
+            "host: declared op's eager dispatch to the reference (torch.mul) body",
             f"{per_call_us(lambda: kop(x, out), calls):.2f} µs",
-            note="dispatch = this minus torch.mul above",
+            note="dispatch + the reference's Python argument checks = this minus torch.mul above",
         )
         rep.add(
             "host: same through torch.ops.sgljit.bench_jit_scale (custom op)",
@@ -421,8 +422,7 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
             note="what a compiled graph pays outside CUDA graphs",
         )
     except Exception as e:
-        rep.error("host: kernel_op dispatch", e)
-        kop = None
+        rep.error("host: declared op dispatch", e)
 
     if not _has_gpu():
         rep.skip("host: CUDA ops (JIT CUDA op, plugin ops)", "needs a CUDA GPU")
@@ -443,12 +443,6 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
             f"{per_call_us(lambda: cmod.scale(xc, oc), calls, sync):.2f} µs",
             note="wall per call, launches back to back",
         )
-        if kop is not None:
-            kop.register("cuda")(lambda x, out: cmod.scale(x, out))
-            rep.add(
-                "host: kernel_op eager dispatch to that CUDA op",
-                f"{per_call_us(lambda: kop(xc, oc), calls, sync):.2f} µs",
-            )
     except Exception as e:
         rep.error("host: JIT CUDA op", e)
     bench_plugin_ops(rep, calls, sync)
@@ -481,35 +475,50 @@ def bench_plugin_ops(rep: Report, calls: int, sync) -> None:
         bench_rmsnorm_parts(rep, calls, sync)
 
 
-# The module function of rmsnorm alone (no Python validation, no kernel_op dispatch), timed in a
-# fresh process so SGLJIT_PDL (read once per module) takes effect; prints µs per call.
+# The module function of rmsnorm alone (its generated C++ checks and launch, no Python dispatch),
+# timed in a fresh process so SGLJIT_PDL (read once per module) takes effect; prints µs per call.
 _RMS_MODULE_CODE = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from bench_jit import per_call_us
-from sgljit_norm.ops import cuda_function
+from sgljit_norm.ops import family
 x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
 w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
 out = torch.empty_like(x)
-f = cuda_function("rmsnorm", torch.bfloat16, 4096)
+f = family.cuda_module("rows", {"dtype": torch.bfloat16, "width": 4096}).rmsnorm
 print(per_call_us(lambda: f(x, w, out, 1e-6), int(sys.argv[2]), torch.cuda.synchronize))
 """
 
 
 def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
-    """Where an eager rmsnorm call's host time goes: its Python validation alone, and its module
-    function alone (tvm-ffi call, C++ validation, launch) with and without PDL."""
+    """Where an eager rmsnorm call's host time goes: its Python path alone (the module function
+    replaced by a no-op), and its module function alone (tvm-ffi call, generated C++ checks,
+    launch) with and without PDL."""
     try:
+        import torch
+
         from sgljit_norm import ops
 
         x, w, out = _rms_tensors()
-        rep.add(
-            "host: rmsnorm's Python validation alone",
-            f"{per_call_us(lambda: ops._prepare_rmsnorm(x, w, 1e-6, out), calls):.2f} µs",
-            note="no launch",
-        )
+        ops.rmsnorm(x, w, out=out)
+        fns = ops._rmsnorm._cuda_fns
+        saved = dict(fns)
+        try:
+            fns.update(dict.fromkeys(fns, lambda *a: None))
+            for label, ctx in (
+                ("", contextlib.nullcontext),
+                (", inference_mode", torch.inference_mode),
+            ):
+                with ctx():
+                    rep.add(
+                        f"host: rmsnorm's Python path alone{label}",
+                        f"{per_call_us(lambda: ops.rmsnorm(x, w, out=out), calls):.2f} µs",
+                        note="public function + dispatch, no C++ call",
+                    )
+        finally:
+            fns.update(saved)
     except Exception as e:
-        rep.error("host: rmsnorm's Python validation", e)
+        rep.error("host: rmsnorm's Python path", e)
     for pdl in ("1", "0"):
         what = f"host: rmsnorm's module function alone, SGLJIT_PDL={pdl}"
         try:
@@ -807,8 +816,9 @@ def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
         "included, synchronized at the end of a round); bf16 unless said; both sides are called "
         "as fn(inputs) on their own copy of the inputs",
         "",
-        "| op (one token) | sgljit µs | sglang-jit µs | sgljit ÷ sglang | verdict | note |",
-        "|---|---:|---:|---:|---|---|",
+        "| op (one token) | sgljit µs | sgljit µs, inference_mode | sglang-jit µs | sgljit ÷ sglang "
+        "| verdict | note |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     failed = []
     available = set(dir(sgljit.ops))
@@ -818,12 +828,18 @@ def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
         try:
             if name not in available:
                 ours, why = None, "missing: op not installed"
+                served, served_why = None, why
             else:
                 ours, why = _eager_time(
                     lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), calls, sync
                 )
+                with torch.inference_mode():  # how serving engines run a model's forward
+                    served, served_why = _eager_time(
+                        lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), calls, sync
+                    )
         except Exception as e:  # making the inputs
             ours, why = None, "failed: " + _short(e)
+            served, served_why = None, why
         if "sglang_na" in spec:
             theirs, their_why = None, spec["sglang_na"]
         else:
@@ -841,6 +857,7 @@ def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
         cells = [
             op,
             f"{ours:.2f}" if ours is not None else why,
+            f"{served:.2f}" if served is not None else served_why,
             f"{theirs:.2f}" if theirs is not None else their_why,
             ratio,
             eager_verdict(ours, theirs),
