@@ -1,4 +1,5 @@
-"""RMSNorm family: sgljit vs torch eager, torch.compile and Liger (where it has the op).
+"""RMSNorm family: sgljit vs torch eager, torch.compile, Liger (where it has the op) and sglang's
+jit_kernel ("sglang-jit", benchmarks/sglang_provider.py; missing until fetch_sglang_jit.sh ran).
 
     python3 benchmarks/bench_norm.py                      # on a CUDA GPU; writes results/<gpu>/norm.md
     python3 benchmarks/bench_norm.py --dry-run            # wiring check on the CPU
@@ -13,6 +14,7 @@ Bytes: each input read once, each output written once (fused add: input, residua
 
 import sys
 
+import sglang_provider as sglang_jit
 import torch
 from harness import Case, Op, nbytes, run_family, standard_providers
 
@@ -189,25 +191,45 @@ def ops() -> list[Op]:
         Op(
             "rmsnorm",
             rms,
-            standard_providers(load_sgljit_rmsnorm, torch_rmsnorm, load_liger_rmsnorm),
+            [
+                *standard_providers(load_sgljit_rmsnorm, torch_rmsnorm, load_liger_rmsnorm),
+                sglang_jit.provider(lambda: sglang_jit.load_rmsnorm(EPS)),
+            ],
         ),
         Op(
             "fused_add_rmsnorm",
             fused,
-            standard_providers(load_sgljit_fused, torch_fused, load_liger_fused),
+            [
+                *standard_providers(load_sgljit_fused, torch_fused, load_liger_fused),
+                sglang_jit.provider(lambda: sglang_jit.load_fused_add_rmsnorm(EPS)),
+            ],
         ),
         Op(
             "gemma_rmsnorm",
             gemma,
-            standard_providers(
-                load_sgljit_gemma_rmsnorm, torch_gemma_rmsnorm, load_liger_gemma_rmsnorm
-            ),
+            [
+                *standard_providers(
+                    load_sgljit_gemma_rmsnorm, torch_gemma_rmsnorm, load_liger_gemma_rmsnorm
+                ),
+                sglang_jit.provider(lambda: sglang_jit.load_gemma_rmsnorm(EPS)),
+            ],
         ),
-        Op("qknorm", qk, standard_providers(load_sgljit_qknorm, torch_qknorm)),
+        Op(
+            "qknorm",
+            qk,
+            [
+                *standard_providers(load_sgljit_qknorm, torch_qknorm),
+                sglang_jit.provider(lambda: sglang_jit.load_qknorm(EPS)),
+            ],
+        ),
         Op(
             "qknorm_across_heads",
             across,
-            standard_providers(load_sgljit_qknorm_across_heads, torch_qknorm),
+            [
+                *standard_providers(load_sgljit_qknorm_across_heads, torch_qknorm),
+                # sglang's needs q and k of one width, contiguous: fails on this GQA qkv layout
+                sglang_jit.provider(lambda: sglang_jit.load_qknorm_across_heads(EPS)),
+            ],
         ),
     ]
 

@@ -185,6 +185,12 @@ def versions() -> dict[str, str]:
             out[dist] = version(dist)
         except PackageNotFoundError:
             out[dist] = "missing"
+    try:  # the sglang-jit provider's fetched tree (sglang_provider.py; a file read, no import)
+        from sglang_provider import version as sglang_jit_version
+
+        out["sglang-jit"] = sglang_jit_version() or "missing"
+    except ImportError:
+        pass
     return out
 
 
@@ -341,7 +347,14 @@ class OpResult:
 
 
 def _short(e: BaseException, limit: int = 160) -> str:
-    msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ").replace("|", "/")
+    """One line for a table cell: paths under the repo root made relative (results are committed),
+    and the root cause of a tvm-ffi tensor check (sglang's jit_kernel: "- Root cause: ...") first."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    cause = next((x for x in lines if x.startswith("- Root cause:")), None)
+    if cause:
+        lines = [cause.removeprefix("- "), *(x for x in lines if x is not cause)]
+    msg = f"{type(e).__name__}: {' '.join(lines)}".replace("|", "/")
+    msg = msg.replace(str(RESULTS_DIR.parent.parent) + "/", "")
     return msg if len(msg) <= limit else msg[: limit - 1] + "…"
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sgljit
-from sgljit.op import Case, Family, Scalar, Sycl, Tensor
+from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor
 from sgljit.testing import bad_inputs
 
 from ..conftest import run_python
@@ -212,3 +212,39 @@ def test_the_backend_variable_is_read_once_at_import():
         "import torch, sgljit; sgljit.select_backend(torch.zeros(1))", env={"SGLJIT_BACKEND": "tpu"}
     )
     assert "SGLJIT_BACKEND='tpu': expected one of cuda, sycl, reference" in bad.stderr
+
+
+def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(monkeypatch):
+    """The CUDA path without a GPU: the module loader and backend choice are stand-ins."""
+    built, ran = [], []
+    fam = Family("test_op_cuda", __file__)
+
+    def tvm_function(input, out, factor):  # what tvm-ffi would call; it refuses a non-float factor
+        if not isinstance(factor, float):
+            raise TypeError("Mismatched type on argument #2")
+        ran.append(tuple(input.shape))
+
+    op = fam.op(
+        "test_op_cuda_copy",
+        args={
+            "input": Tensor("n"),
+            "out": Tensor("n", dtype="input", io="out"),
+            "factor": Scalar(float),
+        },
+        reference=lambda *a: None,
+        cuda=Cuda("k.cuh", "K<{dtype}>::run", key=lambda input, *_: {"dtype": input.dtype}),
+    )
+    fam.cuda_module = lambda module, key: (
+        built.append(dict(key)) or type("M", (), {op.name: staticmethod(tvm_function)})
+    )
+    monkeypatch.setattr("sgljit.op._backend.select_backend", lambda t: "cuda")
+    x = torch.randn(5)
+    with torch.no_grad():
+        op(x, torch.empty(5), 1.0)
+        op(torch.randn(7), torch.empty(7), 2.0)
+        with pytest.raises(ValueError, match=r"^input: dtype expected one of"):
+            op(x.int(), torch.empty(5), 1.0)  # refused before any build for int32
+        with pytest.raises(TypeError, match=r"^factor: expected float, got str"):
+            op(x, torch.empty(5), "1")  # tvm-ffi's positional TypeError, renamed
+    assert built == [{"dtype": torch.float32}]
+    assert ran == [(5,), (7,)]

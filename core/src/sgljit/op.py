@@ -237,10 +237,10 @@ class Op:
         if backend != "reference" and torch.is_grad_enabled():
             self._refuse_grad(backend, args)
         if backend == "cuda":
-            key = self.cuda.key(*args) if self.cuda is not None else None
-            fn = self._cuda_fns.get(_freeze(key))
-            if fn is None:
-                fn = self._cuda_function(key)
+            try:
+                fn = self._cuda_fns[tuple(self.cuda.key(*args).values())]
+            except Exception:  # a new specialization, no CUDA kernel, or a key that cannot be read
+                fn = self._cuda_miss(args)
             try:
                 fn(*args)
             except TypeError as err:  # tvm-ffi names the argument by position only
@@ -300,11 +300,15 @@ class Op:
                 )
 
     # -- modules ---------------------------------------------------------------------------------
-    def _cuda_function(self, key: Mapping[str, Any] | None):
+    def _cuda_miss(self, args: tuple):
+        """The CUDA function for ``args`` on a memo miss: the arguments are checked in Python first,
+        so nothing is compiled for arguments the op refuses."""
         if self.cuda is None:
             raise NotImplementedError(f"sgljit::{self.name} has no cuda implementation")
+        self.check_arguments(args)
+        key = self.cuda.key(*args)
         fn = getattr(self.family.cuda_module(self.cuda.module or self.name, key), self.name)
-        self._cuda_fns[_freeze(key)] = fn
+        self._cuda_fns[tuple(key.values())] = fn
         return fn
 
     def _sycl_module(self, key: Mapping[str, Any]):
@@ -378,8 +382,8 @@ def _sym(name: str) -> str:
     return "size_" + "".join(c if c.isalnum() else "_" for c in name)
 
 
-def _freeze(key: Mapping[str, Any] | None) -> tuple:
-    return tuple(key.items()) if key else ()
+def _freeze(key: Mapping[str, Any]) -> tuple:
+    return tuple(key.items())
 
 
 def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
@@ -487,7 +491,7 @@ class Family:
             and (getattr(op, backend).module or op.name) == module
         ]
 
-    def cuda_module(self, module: str, key: Mapping[str, Any] | None):
+    def cuda_module(self, module: str, key: Mapping[str, Any]):
         """The compiled CUDA module ``module`` for template parameters ``key`` (memoized)."""
         from .cuda import load_jit
 
@@ -498,7 +502,7 @@ class Family:
         with self._lock:
             if frozen in self._modules:
                 return self._modules[frozen]
-            values = {k: _cpp_literal(v) for k, v in (key or {}).items()}
+            values = {k: _cpp_literal(v) for k, v in key.items()}
             members = self._members("cuda", module)
             files = sorted({op.cuda.file for op in members})
             checks, wrappers = [], []
