@@ -192,6 +192,10 @@ def test_declarations_are_checked():
         )
     with pytest.raises(ValueError, match="declares op 'test_op_scaled_copy' twice"):
         family.op("test_op_scaled_copy", args={"x": Tensor(4)}, reference=print)
+    with pytest.raises(ValueError, match="family 'test_op' declared it already"):
+        Family("test_op_other", __file__).op(
+            "test_op_scaled_copy", args={"x": Tensor(4)}, reference=print
+        )
 
 
 def test_the_backend_variable_is_read_once_at_import():

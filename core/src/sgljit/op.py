@@ -53,6 +53,10 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 RESERVED_PARAMETERS = frozenset({"mode", "self"})
 LAYOUTS = ("rows", "contiguous", "strided")
 IO = ("in", "out", "inout")
+# Op name -> the family that declared it. torch.ops.sgljit.<name> is one per process, and a second
+# custom op of a name silently replaces the first (the first op's custom op, and torch.compile of
+# it, would run the second's code), so a second family declaring a name is refused.
+_DECLARED: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +205,12 @@ class Op:
         def dispatch(*a, **kw):
             self._dispatch(*self._positional(a, kw))
 
+        owner = _DECLARED.setdefault(name, family.name)
+        if owner != family.name:
+            raise ValueError(
+                f"op {name!r} of family {family.name!r}: family {owner!r} declared it already, "
+                f"and torch.ops.{NAMESPACE}.{name} is one per process; rename one of them"
+            )
         dispatch.__signature__ = self.signature  # type: ignore[attr-defined]
         dispatch.__name__ = name
         self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=self.writes)(
