@@ -88,7 +88,13 @@ def families(plugins: Iterable[str] | None = None) -> list[Family]:
             continue
         target = (plugin.manifest or {}).get("family")
         if plugin.error is None and target:
-            found.append(load_target(target))
+            family = load_target(target)
+            if family.name != plugin.name:
+                raise LookupError(
+                    f"plugin {plugin.distribution}: its manifest is named {plugin.name!r} but its "
+                    f"family ({target}) {family.name!r}; give both the same name"
+                )
+            found.append(family)
     missing = (wanted or set()) - {f.name for f in found}
     if missing:
         raise LookupError(f"no installed plugin declares a family named {sorted(missing)}")
