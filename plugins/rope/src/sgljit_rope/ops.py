@@ -95,10 +95,18 @@ def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tu
     return max_pos, rot
 
 
+def _style(is_neox) -> bool:
+    """(CUDA keys) 1 == True would find the module memoized for True, and tvm-ffi passes 1 as a
+    bool; the reference and SYCL refuse it through the spec, so the CUDA path does too."""
+    if is_neox is not True and is_neox is not False:
+        raise TypeError(f"is_neox: expected bool, got {type(is_neox).__name__}")
+    return is_neox
+
+
 def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> dict:
     max_pos, rot = _cache_shape(cos_sin_cache)  # rotary_dim <= head_dim: the C++ run() checks it
     vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot)
-    return _rope_cuda_key(q.dtype, positions.dtype, rot, is_neox, vec)
+    return _rope_cuda_key(q.dtype, positions.dtype, rot, _style(is_neox), vec)
 
 
 def _rope_cuda_key(dtype, idx_dtype, rotary_dim: int, is_neox: bool, vec: int) -> dict:
@@ -111,7 +119,9 @@ def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neo
     head_dim = q.shape[2]
     max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
     vec = _pick_vec((q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim)
-    return _kv_cuda_key(q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox, vec)
+    return _kv_cuda_key(
+        q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, _style(is_neox), vec
+    )
 
 
 def _kv_cuda_key(dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
