@@ -562,30 +562,28 @@ def test_prebuild_specs():
     """The fleet grid: bf16/fp16, int64 indices, 16-byte vectors; apply_rope both styles at
     rotary_dim 64/128/256, the KV variant neox at (head_dim, rotary_dim) (64, 64), (128, 128),
     (128, 64), (256, 256), (512, 64); SYCL one module (both kernels) per (head_dim, rotary_dim) and
-    style. Each entry is the key a call with aligned tensors of its shape computes (same values,
-    same order: the order names the module)."""
+    style. Each entry is the key a call with aligned tensors of its shape computes: the same values
+    in the same order (the order names the module)."""
     cuda, sycl = ops.family.prebuild_specs("cuda"), ops.family.prebuild_specs("sycl")
     assert (len(cuda), len(sycl)) == (2 * 3 * 2 + 2 * 5, 2 * 5 * 2)
+    assert all(s["vec"] == 8 for s in cuda) and all(s["ROPE_VEC"] == 8 for s in sycl)
+    as_items = [list(s.items()) for s in cuda + sycl]
     heads = ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64))
     for dtype in (torch.bfloat16, torch.float16):
         for head_dim, rot in heads:
-            q, k = (
-                torch.empty(2, 4, head_dim, dtype=dtype),
-                torch.empty(2, 2, head_dim, dtype=dtype),
-            )
-            cache, pos = make_cache(4, rot, "cpu"), torch.zeros(2, dtype=torch.int64)
-            kv = (q, k, k, k.clone(), k.clone(), cache, pos, pos, True)
-            assert _key_of("apply_rope_with_kv_cache", kv) in cuda
+            qk = torch.randn(3, 6, head_dim, dtype=dtype)
+            q, k = qk[:, :4], qk[:, 4:]  # views into one buffer
+            cache, pos = make_cache(4, rot, "cpu"), torch.zeros(3, dtype=torch.int64)
+            kv = (q, k, k, k.clone(), k.clone(), cache, pos, pos)
+            assert list(_key_of("apply_rope_with_kv_cache", (*kv, True)).items()) in as_items
             for neox in (True, False):
                 rope = (q[..., :rot].contiguous(), k[..., :rot].contiguous(), cache, pos, neox)
-                assert _key_of("apply_rope", rope) in cuda
-                key = ops._sycl_kv_key(*kv[:-1], neox)
-                assert {
-                    "op": "apply_rope_with_kv_cache",
-                    **{k: _name(v) for k, v in key.items()},
-                } in sycl
+                assert list(_key_of("apply_rope", rope).items()) in as_items
+                key = ops.family.ops["apply_rope_with_kv_cache"].sycl.key(*kv, neox)
+                named = {"op": "apply_rope_with_kv_cache", **{k: _name(v) for k, v in key.items()}}
+                assert list(named.items()) in as_items
                 if head_dim == rot:
-                    assert ops._sycl_rope_key(*rope) == key
+                    assert ops.family.ops["apply_rope"].sycl.key(*rope) == key
     with pytest.raises(ValueError, match="has no 'rocm' kernel"):
         ops.family.prebuild("rocm", op="apply_rope")
 

@@ -41,46 +41,43 @@ _FLEET_HEADS = ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64))
 # Specializations
 
 
-def _pick_vec(
-    tensors, cos_sin_cache: torch.Tensor, max_pos: int, rotary_dim: int, head_dim: int
-) -> int:
+def _pick_vec(tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: int) -> int:
     """The vector width (elements) of a specialization: the widest power of two, up to 16 bytes,
-    that divides ``rotary_dim // 2``, ``head_dim``, every tensor's data pointer (in elements) and
-    its strides (but the last, of dimensions of size > 1); cos/sin (fp32) are read ``min(vec, 4)``
-    at a time, so that many floats must divide the cache's pointer and (if it has rows > 1) row
-    stride.
+    that divides ``rotary_dim // 2``, ``head_dim``, every [T, H, D] tensor's data pointer (in
+    elements) and its strides of T and H (where that size is > 1); cos/sin (fp32) are read
+    ``min(vec, 4)`` at a time, so that many floats must divide the cache's pointer and (if it has
+    rows > 1) its row stride.
 
-    Pointers and strides are combined as bits in one pass (this runs on every eager CUDA call); only
-    when that finds less than 16 bytes are the sizes read, since a stride of a size-1 dimension
-    does not count.
+    This runs on every eager CUDA call: pointers and strides are combined as bits in one pass, and
+    only when that finds less than 16 bytes are the sizes read (a stride of a size-1 dimension
+    does not count).
     """
     size = tensors[0].element_size()
+    counts = (rotary_dim >> 1) | head_dim
     pointers = 16
-    counts = (rotary_dim // 2) | head_dim
     for t in tensors:
-        for stride in t.stride()[:-1]:
-            counts |= stride
+        st, sh, _ = t.stride()
+        counts |= st | sh
         pointers |= t.data_ptr()
     bits = (counts * size) | pointers
     vec = (bits & -bits) // size
     if vec < 16 // size:
-        counts = (rotary_dim // 2) | head_dim
+        counts = (rotary_dim >> 1) | head_dim
         for t in tensors:
-            for stride, n in zip(t.stride()[:-1], t.shape[:-1], strict=False):
-                if n > 1:
-                    counts |= stride
+            (st, sh, _), (nt, nh, _) = t.stride(), t.shape
+            counts |= (st if nt > 1 else 0) | (sh if nh > 1 else 0)
         bits = (counts * size) | pointers
         vec = max(1, (bits & -bits) // size)
     cache = cos_sin_cache.data_ptr() | 16  # in bytes
     if max_pos > 1:
-        cache |= cos_sin_cache.stride(0) * 4
-    floats = (cache & -cache) // 4  # at most 4
+        cache |= cos_sin_cache.stride()[0] << 2
+    floats = (cache & -cache) >> 2  # at most 4
     return vec if floats == 4 else max(1, min(vec, floats))
 
 
 def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tuple[int, int]:
     """(max_pos, rotary_dim) of cos_sin_cache, whose width must be even, positive and at most
-    ``head_dim`` (when given), and which must have rows. Checked before a key builds a module (an
+    ``head_dim`` (when given), and which must have rows: checked before a key asks for a module (an
     odd width fails to compile), and on the backends whose kernels would read past a head (SYCL)
     or fail unnamed (reference)."""
     max_pos, rot = cos_sin_cache.shape
@@ -95,38 +92,46 @@ def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tu
     return max_pos, rot
 
 
-def _style(is_neox) -> bool:
+def _refuse_style(is_neox) -> None:
     """(CUDA keys) 1 == True would find the module memoized for True, and tvm-ffi passes 1 as a
     bool; the reference and SYCL refuse it through the spec, so the CUDA path does too."""
-    if is_neox is not True and is_neox is not False:
-        raise TypeError(f"is_neox: expected bool, got {type(is_neox).__name__}")
-    return is_neox
+    raise TypeError(f"is_neox: expected bool, got {type(is_neox).__name__}")
+
+
+# The CUDA keys (template parameters; the values' order names the module: prebuild entries are
+# made by the same functions, test_rope checks they match). rotary_dim <= head_dim: apply_rope's
+# run() checks it (the module does not depend on head_dim); the KV key, whose module does, here.
 
 
 def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> dict:
-    max_pos, rot = _cache_shape(cos_sin_cache)  # rotary_dim <= head_dim: the C++ run() checks it
+    max_pos, rot = cos_sin_cache.shape
+    if rot <= 0 or rot % 2 or not max_pos:
+        _cache_shape(cos_sin_cache)
+    if is_neox is not True and is_neox is not False:
+        _refuse_style(is_neox)
     vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot)
-    return _rope_cuda_key(q.dtype, positions.dtype, rot, _style(is_neox), vec)
-
-
-def _rope_cuda_key(dtype, idx_dtype, rotary_dim: int, is_neox: bool, vec: int) -> dict:
-    """(One order for runtime keys and prebuild entries: the order names the module.)"""
-    return {"dtype": dtype, "idx_dtype": idx_dtype, "rotary_dim": rotary_dim, "is_neox": is_neox,
-            "vec": vec}  # fmt: skip
+    return {"dtype": q.dtype, "idx_dtype": positions.dtype, "rotary_dim": rot,
+            "is_neox": is_neox, "vec": vec}  # fmt: skip
 
 
 def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> dict:
     head_dim = q.shape[2]
     max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
+    if is_neox is not True and is_neox is not False:
+        _refuse_style(is_neox)
     vec = _pick_vec((q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim)
-    return _kv_cuda_key(
-        q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, _style(is_neox), vec
-    )
+    return {"dtype": q.dtype, "idx_dtype": positions.dtype, "loc_dtype": out_loc.dtype,
+            "head_dim": head_dim, "rotary_dim": rot, "is_neox": is_neox, "vec": vec}  # fmt: skip
 
 
-def _kv_cuda_key(dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
-    return {"dtype": dtype, "idx_dtype": idx_dtype, "loc_dtype": loc_dtype, "head_dim": head_dim,
-            "rotary_dim": rotary_dim, "is_neox": is_neox, "vec": vec}  # fmt: skip
+def _fleet_key(key, dtype, head_dim: int, rot: int, is_neox: bool) -> dict:
+    """What the fleet prebuilds: the ``key`` of a call with contiguous [2, 4, head_dim] tensors of
+    ``dtype`` (16-byte aligned: 16-byte vectors), int64 indices and a [4, rot] cache."""
+    x = torch.empty(2, 4, head_dim, dtype=dtype)
+    cache, index = torch.empty(4, rot), torch.zeros(2, dtype=torch.int64)
+    if key in (_rope_key, _sycl_rope_key):
+        return key(x, x, cache, index, is_neox)
+    return key(x, x, x, x, x, cache, index, index, is_neox)
 
 
 def _sycl_key(dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
@@ -328,7 +333,7 @@ _apply_rope = family.op(
     sycl=Sycl("sycl/rope.hpp", key=_sycl_rope_key, launch=_launch_rope, module="rope"),
     prebuild={
         "cuda": [
-            _rope_cuda_key(dtype, torch.int64, rot, is_neox, 8)
+            _fleet_key(_rope_key, dtype, rot, rot, is_neox)
             for dtype in _FLEET_DTYPES
             for rot in dict.fromkeys(rot for _, rot in _FLEET_HEADS)
             for is_neox in (True, False)
@@ -361,14 +366,14 @@ _apply_rope_with_kv_cache = family.op(
     sycl=Sycl("sycl/rope.hpp", key=_sycl_kv_key, launch=_launch_kv, module="rope"),
     prebuild={
         "cuda": [
-            _kv_cuda_key(dtype, torch.int64, torch.int64, head_dim, rot, True, 8)
+            _fleet_key(_kv_key, dtype, head_dim, rot, True)
             for dtype in _FLEET_DTYPES
             for head_dim, rot in _FLEET_HEADS
         ],
-        # One module (both kernels) per (head_dim, rotary_dim); apply_rope uses those with
-        # head_dim == rotary_dim.
+        # One module (both kernels) per (head_dim, rotary_dim) and style; apply_rope uses those
+        # with head_dim == rotary_dim.
         "sycl": [
-            _sycl_key(dtype, torch.int64, torch.int64, head_dim, rot, is_neox, 8)
+            _fleet_key(_sycl_kv_key, dtype, head_dim, rot, is_neox)
             for dtype in _FLEET_DTYPES
             for head_dim, rot in _FLEET_HEADS
             for is_neox in (True, False)
