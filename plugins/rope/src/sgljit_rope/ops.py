@@ -205,7 +205,9 @@ def _reference_kv(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, 
 # ------------------------------------------------------------------------------------------------
 # Check cases (float64 reference; tolerances per dtype)
 
-_TOLERANCES = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-5}
+# Math in fp32, rounded once: within half an ulp of the exact result (bf16 2^-8 relative, fp16 2^-11)
+# plus fp32 rounding; the tolerances are about twice that.
+_TOLERANCES = {torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float32: 1e-5}
 _I32 = torch.int32
 
 
