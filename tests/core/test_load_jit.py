@@ -106,6 +106,74 @@ def test_tensor_matcher_errors_reach_python(cache_dir):
         module.add_into(torch.zeros(4), torch.zeros(8)[::2])
 
 
+def load_matcher():
+    """kernels/matcher.h: wrappers that only run TensorMatcher on their arguments."""
+    return sgljit.load_jit(
+        "tensor_matcher",
+        cpp_files=["matcher.h"],
+        cpp_wrappers=[
+            ("rows", "MatchRows::run"),
+            ("contiguous", "MatchContiguous::run"),
+            ("on_cuda", "MatchOnCuda::run"),
+            ("read_unbound", "ReadUnbound::run"),
+        ],
+        source_dir=KERNELS,
+    )
+
+
+def test_tensor_matcher_messages_are_exact(cache_dir):
+    """The whole text of each TensorMatcher failure (symbols shown by name until bound, then by
+    value; fixed sizes; `*` for any)."""
+    m, z = load_matcher(), torch.zeros
+    cases = [
+        (m.rows, (z(3), z(3, 4)), "x: expected 2-D tensor of shape [rows, cols], got 1-D tensor"),
+        (m.rows, (z(3, 5), z(3, 4, 1)), "y: expected 2-D tensor of shape [3, 4], got 3-D tensor"),
+        (
+            m.rows,
+            (z(3, 5), z(2, 4)),
+            "y: dimension 0 expected 3 (rows), got 2 (shape pattern [3, 4])",
+        ),
+        (m.rows, (z(3, 5), z(3, 5)), "y: dimension 1 expected 4, got 5 (shape pattern [3, 4])"),
+        (
+            m.rows,
+            (z(3, 8)[:, ::2], z(3, 4)),
+            "x: stride of dimension 1 expected 1, got 2 (stride pattern [8, 1])",
+        ),
+        (
+            m.rows,
+            (z(3, 5), z(3, 8)[:, ::2]),
+            "y: stride of dimension 1 expected 1, got 2 (stride pattern [*, 1])",
+        ),
+        (
+            m.rows,
+            (z(3, 5, dtype=torch.int32), z(3, 4)),
+            "x: dtype expected one of {float32, float64}, got int32",
+        ),
+        (
+            m.rows,
+            (z(3, 5), z(3, 4, dtype=torch.float64)),
+            "y: dtype expected float32 (same as the tensors before it), got float64",
+        ),
+        (m.contiguous, (z(4, 4).t(),), "x: expected a contiguous tensor"),
+        (
+            m.contiguous,
+            (z(4, 4, dtype=torch.bfloat16),),
+            "x: dtype expected one of {float32}, got bfloat16",
+        ),
+        (m.on_cuda, (z(4),), "x: expected a tensor on cuda, got one on cpu:0"),
+        (m.read_unbound, (0,), "size 'k' was never bound"),
+        (m.read_unbound, (1,), "dtype was never bound"),
+        (m.read_unbound, (2,), "device was never bound"),
+    ]
+    for fn, args, message in cases:
+        with pytest.raises(ValueError) as info:
+            fn(*args)
+        assert str(info.value) == message
+    m.rows(z(3, 5), z(3, 4))  # and the same patterns accept what fits
+    m.rows(z(3, 8)[:, :5], z(3, 6)[:, 1:5])
+    m.contiguous(z(4, 4))
+
+
 def test_fresh_process_reuses_cache_without_compiling(cache_dir):
     first = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0))
     assert first.returncode == 0, first.stderr
