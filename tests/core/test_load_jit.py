@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,8 @@ def load_matcher():
             ("contiguous", "MatchContiguous::run"),
             ("on_cuda", "MatchOnCuda::run"),
             ("read_unbound", "ReadUnbound::run"),
+            ("writable2", "MatchWritable2::run"),
+            ("writable3", "MatchWritable3::run"),
         ],
         source_dir=KERNELS,
     )
@@ -172,6 +175,63 @@ def test_tensor_matcher_messages_are_exact(cache_dir):
     m.rows(z(3, 5), z(3, 4))  # and the same patterns accept what fits
     m.rows(z(3, 8)[:, :5], z(3, 6)[:, 1:5])
     m.contiguous(z(4, 4))
+
+
+def shared_elements_message(shape, strides) -> str:
+    return (
+        f"out: sgljit writes it, but its elements may share memory (shape {list(shape)}, strides "
+        f"{list(strides)}: an expanded or otherwise self-overlapping view); pass a tensor whose "
+        "elements are distinct"
+    )
+
+
+def test_writable_refuses_views_whose_elements_share_memory(cache_dir):
+    m, z = load_matcher(), torch.zeros
+    refused = [
+        z(1, 8).expand(4, 8),  # expanded: stride 0
+        z(32).as_strided((4, 8), (4, 1)),  # rows overlap by half
+        z(8, 1).expand(8, 3),
+    ]
+    for t in refused:
+        with pytest.raises(ValueError) as info:
+            m.writable2(t)
+        assert str(info.value) == shared_elements_message(t.shape, t.stride())
+    t = z(4, 1, 8).expand(4, 3, 8)
+    with pytest.raises(ValueError) as info:
+        m.writable3(t)
+    assert str(info.value) == shared_elements_message(t.shape, t.stride())
+
+    accepted = [
+        z(4, 8),
+        z(4, 16)[:, 4:12],  # sliced
+        z(8, 4).t(),  # transposed
+        z(8, 16)[::2, ::3],  # stepped
+        z(1, 8).expand(1, 8),  # size-1 dimensions are ignored
+        z(1, 0).expand(4, 0),  # no elements
+        z(64).as_strided((4, 4), (1, 4)),  # column-major
+    ]
+    for t in accepted:
+        m.writable2(t)
+    m.writable3(z(2, 3, 4).permute(2, 0, 1))
+    m.writable3(z(4, 1, 8).expand(4, 1, 8))
+
+
+def test_writable_agrees_with_the_python_rule(cache_dir):
+    """Over random strided views of one buffer, the C++ check refuses exactly what kernel_op's
+    Python check (op._may_overlap, for non-contiguous tensors) refuses."""
+    from sgljit.op import _may_overlap
+
+    m, rng, base = load_matcher(), random.Random(0), torch.zeros(4096)
+    for _ in range(300):
+        shape = [rng.choice([1, 2, 3, 4, 5]) for _ in range(3)]
+        strides = [rng.choice([0, 1, 2, 3, 4, 5, 8, 12, 16, 20, 40, 60]) for _ in range(3)]
+        t = base.as_strided(shape, strides)
+        refused = not t.is_contiguous() and _may_overlap(t)
+        if refused:
+            with pytest.raises(ValueError, match="may share memory"):
+                m.writable3(t)
+        else:
+            m.writable3(t)
 
 
 def test_fresh_process_reuses_cache_without_compiling(cache_dir):

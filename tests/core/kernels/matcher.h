@@ -42,3 +42,18 @@ struct ReadUnbound {
     if (which == 2) (void)dev.value();
   }
 };
+
+// A tensor the op would write, 2-D or 3-D: its elements must not share memory.
+struct MatchWritable2 {
+  static void run(tvm::ffi::TensorView out) {
+    using namespace sgljit;
+    TensorMatcher({kAnySize, kAnySize}).with_dtype<float>().writable().verify(out, "out");
+  }
+};
+
+struct MatchWritable3 {
+  static void run(tvm::ffi::TensorView out) {
+    using namespace sgljit;
+    TensorMatcher({kAnySize, kAnySize, kAnySize}).with_dtype<float>().writable().verify(out, "out");
+  }
+};

@@ -5,6 +5,7 @@
 //   SymbolicDevice dev;
 //   TensorMatcher({T, H}).with_strides({S, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "input");
 //   TensorMatcher({H}).with_dtype(dt).with_device(dev).verify(w, "weight");  // must agree with input
+//   TensorMatcher({T, H}).with_dtype(dt).with_device(dev).writable().verify(y, "out");  // written: no overlap
 //
 // Inside a kernel template, prefer these non-template forms: a member template called on a dependent
 // expression would need `.template`. `with_dtype<A, B>()` restricts without binding a symbol.
@@ -254,6 +255,12 @@ class TensorMatcher {
     contiguous_ = true;
     return std::move(*this);
   }
+  // For a tensor the op writes: refuse a view whose elements may share memory (an expanded or
+  // otherwise self-overlapping one), where concurrent writes to one address would race.
+  TensorMatcher&& writable() && {
+    writable_ = true;
+    return std::move(*this);
+  }
   // Allow any of the listed element types; bind `dtype` to the one found (or require the bound one).
   template <typename... Ts>
   TensorMatcher&& with_dtype(SymbolicDType& dtype) && {
@@ -310,14 +317,55 @@ class TensorMatcher {
                      strides_[i].expected(), ", got ", strides[i], " (stride pattern ", strides_.describe(), ")");
       }
     }
-    if (contiguous_) {
-      SGLJIT_CHECK(t.IsContiguous(), name, ": expected a contiguous tensor");
+    if (contiguous_ || writable_) {
+      const bool contiguous = t.IsContiguous();
+      SGLJIT_CHECK(contiguous || !contiguous_, name, ": expected a contiguous tensor");
+      if (writable_ && !contiguous && !elements_distinct(ndim, sizes, t.strides().data())) {
+        throw_shared_elements(ndim, sizes, t.strides().data(), name);
+      }
     }
     verify_dtype(t.dtype(), name);
     verify_device(t.device(), name);
   }
 
  private:
+  // Whether the strides prove that every element has its own address (core/src/sgljit/op.py's
+  // _may_overlap): ignoring size-1 dimensions and sorted by stride, each stride is at least the span
+  // of the dimensions below it. True of every strided slice and permutation of a dense tensor.
+  static bool elements_distinct(int64_t ndim, const int64_t* sizes, const int64_t* strides) {
+    int64_t st[detail::DimList::kMaxDims], sz[detail::DimList::kMaxDims];
+    int64_t n = 0;
+    for (int64_t i = 0; i < ndim; ++i) {
+      if (sizes[i] == 1) continue;
+      int64_t j = n++;  // insertion sort by stride (at most kMaxDims entries)
+      for (; j > 0 && st[j - 1] > strides[i]; --j) {
+        st[j] = st[j - 1];
+        sz[j] = sz[j - 1];
+      }
+      st[j] = strides[i];
+      sz[j] = sizes[i];
+    }
+    int64_t span = 1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (st[i] < span) return false;
+      span = st[i] * (sz[i] - 1) + span;
+    }
+    return true;
+  }
+
+  [[noreturn]] SGLJIT_COLD static void throw_shared_elements(int64_t ndim, const int64_t* sizes,
+                                                             const int64_t* strides, const char* name) {
+    auto list = [ndim](const int64_t* v) {
+      std::string s = "[";
+      for (int64_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    detail::throw_value_error(name, ": sgljit writes it, but its elements may share memory (shape ", list(sizes),
+                              ", strides ", list(strides),
+                              ": an expanded or otherwise self-overlapping view); pass a tensor whose elements "
+                              "are distinct");
+  }
+
   static std::string dtype_list(DTypeSpan dtypes) {
     std::string list;
     for (const DLDataType& a : dtypes) list += (list.empty() ? "" : ", ") + dtype_name(a);
@@ -361,6 +409,7 @@ class TensorMatcher {
   detail::DimList strides_;
   bool has_strides_ = false;
   bool contiguous_ = false;
+  bool writable_ = false;
   DTypeSpan allowed_;
   SymbolicDType* dtype_ = nullptr;
   SymbolicDevice* device_ = nullptr;
