@@ -45,6 +45,7 @@ std::string concat(Args&&... args) {
 template <typename... Args>
 [[noreturn]] SGLJIT_COLD void throw_value_error(Args... msg) {
   TVM_FFI_THROW(ValueError) << concat(msg...);
+  TVM_FFI_UNREACHABLE();  // the throw is in a destructor, which nvcc's front end does not see through
 }
 }  // namespace detail
 
