@@ -119,6 +119,7 @@ def load_matcher():
             ("read_unbound", "ReadUnbound::run"),
             ("writable2", "MatchWritable2::run"),
             ("writable3", "MatchWritable3::run"),
+            ("check_lazily", "CheckLazily::run"),
         ],
         source_dir=KERNELS,
     )
@@ -175,6 +176,14 @@ def test_tensor_matcher_messages_are_exact(cache_dir):
     m.rows(z(3, 5), z(3, 4))  # and the same patterns accept what fits
     m.rows(z(3, 8)[:, :5], z(3, 6)[:, 1:5])
     m.contiguous(z(4, 4))
+
+
+def test_sgljit_check_builds_its_message_only_on_failure(cache_dir):
+    m = load_matcher()
+    assert m.check_lazily(False) == 0
+    with pytest.raises(ValueError) as info:
+        m.check_lazily(True)
+    assert str(info.value) == "check failed: the message"
 
 
 def shared_elements_message(shape, strides) -> str:

@@ -57,3 +57,16 @@ struct MatchWritable3 {
     TensorMatcher({kAnySize, kAnySize, kAnySize}).with_dtype<float>().writable().verify(out, "out");
   }
 };
+
+// SGLJIT_CHECK evaluates its message only on failure: returns how many times the message was built.
+struct CheckLazily {
+  static int64_t run(bool fail) {
+    int64_t built = 0;
+    auto message = [&] {
+      ++built;
+      return "the message";
+    };
+    SGLJIT_CHECK(!fail, "check failed: ", message());
+    return built;
+  }
+};
