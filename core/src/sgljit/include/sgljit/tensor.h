@@ -221,6 +221,12 @@ class DimList {
 
   DimList() = default;
   explicit DimList(std::initializer_list<Dim> dims) { assign(dims); }
+  DimList(const DimList& other) { *this = other; }
+  DimList& operator=(const DimList& other) {  // copies the slots in use only
+    size_ = other.size_;
+    for (size_t i = 0; i < size_; ++i) dims_[i] = other.dims_[i];
+    return *this;
+  }
   void assign(std::initializer_list<Dim> dims) {
     SGLJIT_CHECK(dims.size() <= kMaxDims, "TensorMatcher: a pattern has at most ", kMaxDims, " dimensions, got ",
                  dims.size());
