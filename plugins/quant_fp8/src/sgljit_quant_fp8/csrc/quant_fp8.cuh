@@ -127,7 +127,7 @@
 #include <sgljit/vec.cuh>
 
 #include <algorithm>
-#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -982,16 +982,11 @@ template <typename T, typename Q>
 struct QuantFp8 {
   static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
 
-  // (The messages are built only on a failure.)
   static void check_compiled(const TensorView& input, const TensorView& out) {
-    if (!same_dtype(input.dtype(), DTypeTrait<T>::value)) {
-      RuntimeCheck(false, "input: this module was compiled for dtype ", dtype_name(DTypeTrait<T>::value), ", got ",
-                   dtype_name(input.dtype()));
-    }
-    if (!same_dtype(out.dtype(), DTypeTrait<Q>::value)) {
-      RuntimeCheck(false, "out: this module was compiled for dtype ", dtype_name(DTypeTrait<Q>::value), ", got ",
-                   dtype_name(out.dtype()));
-    }
+    SGLJIT_CHECK(same_dtype(input.dtype(), DTypeTrait<T>::value), "input: this module was compiled for dtype ",
+                 dtype_name(DTypeTrait<T>::value), ", got ", dtype_name(input.dtype()));
+    SGLJIT_CHECK(same_dtype(out.dtype(), DTypeTrait<Q>::value), "out: this module was compiled for dtype ",
+                 dtype_name(DTypeTrait<Q>::value), ", got ", dtype_name(out.dtype()));
   }
 
   // out = quantize(input / scale[0]).
@@ -1118,14 +1113,15 @@ struct QuantFp8 {
   }
 
   // The fused kernel's dynamic shared memory limit on `device_id` (the opt-in maximum less its static
-  // shared memory), allowed for the kernel once per device.
+  // shared memory), allowed for the kernel once per device (under a lock; read without one after).
   static int fused_smem_cap(int device_id) {
-    static std::array<int, 64> cache{};
+    static std::atomic<int> cache[64];
+    RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
+    std::atomic<int>& slot = cache[device_id];
+    if (const int cap = slot.load(std::memory_order_acquire); cap != 0) return cap;
     static std::mutex mutex;
     std::lock_guard<std::mutex> lock(mutex);
-    RuntimeCheck(device_id >= 0 && device_id < int(cache.size()), "device id out of range: ", device_id);
-    int& slot = cache[device_id];
-    if (slot == 0) {
+    if (slot.load(std::memory_order_relaxed) == 0) {
       constexpr auto kernel = per_tensor_fused_kernel<T, Q>;
       cudaFuncAttributes attrs{};
       check_cuda(cudaFuncGetAttributes(&attrs, kernel), "cudaFuncGetAttributes");
@@ -1133,9 +1129,9 @@ struct QuantFp8 {
       check_cuda(on_device(device_id,
                            [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap); }),
                  "cudaFuncSetAttribute");
-      slot = cap;
+      slot.store(cap, std::memory_order_release);
     }
-    return slot;
+    return slot.load(std::memory_order_relaxed);
   }
 
   // out[t, :] = quantize(input[t, :] / scales[t]), scales[t] = max(absmax(input[t, :]) / fp8_max, 2^-126).
