@@ -236,7 +236,9 @@ def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(m
             "factor": Scalar(float),
         },
         reference=lambda *a: None,
-        cuda=Cuda("k.cuh", "K<{dtype}>::run", key=lambda input, *_: {"dtype": input.dtype}),
+        cuda=Cuda(
+            "k.cuh", "K<{dtype}>::run", key=lambda input, *_: (input.dtype,), params=("dtype",)
+        ),
     )
     fam.cuda_module = lambda module, key: (
         built.append(dict(key)) or type("M", (), {op.name: staticmethod(tvm_function)})

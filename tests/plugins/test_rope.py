@@ -423,8 +423,8 @@ def test_custom_op_traces_on_cpu():
 
 def _key_of(op_name: str, args: tuple) -> dict:
     """The CUDA module an argument list needs, as a ``family.prebuild`` entry (dtypes by name)."""
-    key = ops.family.ops[op_name].cuda.key(*args)
-    return {"op": op_name, **{k: _name(v) for k, v in key.items()}}
+    cuda = ops.family.ops[op_name].cuda
+    return {"op": op_name, **{k: _name(v) for k, v in cuda.params_of(cuda.key(*args)).items()}}
 
 
 def _name(value):

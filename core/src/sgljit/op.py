@@ -19,7 +19,7 @@ checks in Python for the reference and SYCL backends, the module memo, ``sgljit 
         },
         reference=reference.rmsnorm_into,                     # called with the arguments above
         cuda=Cuda("csrc/norm.cuh", "sgljit_norm::RMSNorm<{dtype}, {width}>::run",
-                  key=lambda input, *_: {"dtype": input.dtype, "width": input.shape[1]}),
+                  key=lambda input, *_: (input.dtype, input.shape[1]), params=("dtype", "width")),
         prebuild={"cuda": [{"dtype": torch.bfloat16, "width": 4096}]},
         cases=[Case("7x4096 bf16", make_rmsnorm_args, tol=2e-2)],
     )
@@ -116,15 +116,23 @@ class Scalar:
 @dataclasses.dataclass(frozen=True)
 class Cuda:
     """The CUDA kernel of an op. ``file``: relative to the family's folder. ``symbol``: the C++
-    function run after the generated checks, with ``{name}`` placeholders filled from ``key``.
-    ``key(*args)``: the specialization an argument list needs (template parameters: dtypes, ints,
-    bools). Ops of a family that name the same ``module`` share its compiled modules (each
-    module of that name exports all of them)."""
+    function run after the generated checks, with ``{name}`` placeholders filled from the
+    specialization's template parameters. ``key(*args)``: a tuple naming the specialization an
+    argument list needs, as cheap as possible (it runs on every call); ``params``: the template
+    parameters of a key — the names of its entries, or a function of them returning a dict (run
+    once per new key). Ops of a family that name the same ``module`` share its compiled modules
+    (each module of that name exports all of them)."""
 
     file: str
     symbol: str
-    key: Callable[..., Mapping[str, Any]]
+    key: Callable[..., tuple]
+    params: Sequence[str] | Callable[..., Mapping[str, Any]]
     module: str | None = None
+
+    def params_of(self, key: tuple) -> dict[str, Any]:
+        if callable(self.params):
+            return dict(self.params(*key))
+        return dict(zip(self.params, key, strict=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +260,7 @@ class Op:
             self._refuse_grad(backend, args)
         if backend == "cuda":
             try:
-                fn = self._cuda_fns[tuple(self.cuda.key(*args).values())]
+                fn = self._cuda_fns[self.cuda.key(*args)]
             except Exception:  # a new specialization, no CUDA kernel, or a key that cannot be read
                 fn = self._cuda_miss(args)
             try:
@@ -321,8 +329,9 @@ class Op:
             raise NotImplementedError(f"sgljit::{self.name} has no cuda implementation")
         self.check_arguments(args)
         key = self.cuda.key(*args)
-        fn = getattr(self.family.cuda_module(self.cuda.module or self.name, key), self.name)
-        self._cuda_fns[tuple(key.values())] = fn
+        params = self.cuda.params_of(key)
+        fn = getattr(self.family.cuda_module(self.cuda.module or self.name, params), self.name)
+        self._cuda_fns[key] = fn
         return fn
 
     def _sycl_module(self, key: Mapping[str, Any]):

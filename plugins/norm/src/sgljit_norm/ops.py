@@ -65,13 +65,21 @@ def compiled_width(dtype: torch.dtype, hidden: int) -> int:
 
 
 def _rows_key(x, *_):
-    return {"dtype": x.dtype, "width": compiled_width(x.dtype, x.shape[-1])}
+    return x.dtype, x.shape[-1]
+
+
+def _rows_params(dtype: torch.dtype, hidden: int) -> dict:
+    return {"dtype": dtype, "width": compiled_width(dtype, hidden)}
 
 
 def _across_key(q, k, *_):
+    return q.dtype, q.shape[-1], k.shape[-1]
+
+
+def _across_params(dtype: torch.dtype, q_width: int, k_width: int) -> dict:
     """Both widths on the fast path, or both generic (0)."""
-    wq, wk = compiled_width(q.dtype, q.shape[-1]), compiled_width(q.dtype, k.shape[-1])
-    return {"dtype": q.dtype, "width": wq if wq and wk else 0, "width2": wk if wq and wk else 0}
+    wq, wk = compiled_width(dtype, q_width), compiled_width(dtype, k_width)
+    return {"dtype": dtype, "width": wq if wq and wk else 0, "width2": wk if wq and wk else 0}
 
 
 def _sycl_key(dtype: torch.dtype, hidden: int, vec: int) -> dict:
@@ -229,6 +237,7 @@ def _row_op(name: str, gemma: bool, fused: bool):
             "csrc/norm.cuh",
             f"sgljit_norm::{cpp}<{{dtype}}, {{width}}, {str(gemma).lower()}>::run",
             key=_rows_key,
+            params=_rows_params,
             module="rows",
         ),
         sycl=Sycl(
@@ -261,7 +270,8 @@ _qknorm = family.op(
     cuda=Cuda(
         "csrc/norm.cuh",
         "sgljit_norm::QKNorm<{dtype}, {width}>::run",
-        key=lambda q, *_: {"dtype": q.dtype, "width": compiled_width(q.dtype, q.shape[-1])},
+        key=_rows_key,
+        params=_rows_params,
     ),
     sycl=Sycl("sycl/norm.hpp", key=_sycl_heads_key, launch=_launch_qk, module="norm"),
     prebuild={
@@ -284,6 +294,7 @@ _qknorm_across_heads = family.op(
         "csrc/norm.cuh",
         "sgljit_norm::QKNormAcrossHeads<{dtype}, {width}, {width2}>::run",
         key=_across_key,
+        params=_across_params,
     ),
     sycl=Sycl("sycl/norm.hpp", key=_sycl_heads_key, launch=_launch_qk, module="norm"),
     prebuild={

@@ -63,6 +63,7 @@ except ValueError as _err:
 # Specializations: one module per (input dtype, fp8 dtype) with all three kernels.
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_CUDA_PARAMS = ("dtype", "fp8_dtype")  # the key of every CUDA kernel: input dtype, output fp8 dtype
 _CUDA_FILE = "csrc/quant_fp8.cuh"
 _CUDA_CLASS = "sgljit_quant_fp8::QuantFp8<{dtype}, {fp8_dtype}>"
 _SYCL_FILE = "sycl/quant_fp8.hpp"
@@ -198,7 +199,8 @@ _per_tensor_static = family.op(
     cuda=Cuda(
         _CUDA_FILE,
         _CUDA_CLASS + "::per_tensor_static",
-        key=lambda input, scale, out: {"dtype": input.dtype, "fp8_dtype": out.dtype},
+        key=lambda input, scale, out: (input.dtype, out.dtype),
+        params=_CUDA_PARAMS,
         module=_MODULE,
     ),
     sycl=Sycl(
@@ -232,7 +234,8 @@ _per_tensor_dynamic = family.op(
     cuda=Cuda(
         _CUDA_FILE,
         _CUDA_CLASS + "::per_tensor_dynamic",
-        key=lambda input, out, *_: {"dtype": input.dtype, "fp8_dtype": out.dtype},
+        key=lambda input, out, *_: (input.dtype, out.dtype),
+        params=_CUDA_PARAMS,
         module=_MODULE,
     ),
     sycl=Sycl(
@@ -261,7 +264,8 @@ _per_token = family.op(
     cuda=Cuda(
         _CUDA_FILE,
         _CUDA_CLASS + "::per_token",
-        key=lambda input, out, scales: {"dtype": input.dtype, "fp8_dtype": out.dtype},
+        key=lambda input, out, scales: (input.dtype, out.dtype),
+        params=_CUDA_PARAMS,
         module=_MODULE,
     ),
     sycl=Sycl(

@@ -103,35 +103,41 @@ def _refuse_style(is_neox) -> None:
 # run() checks it (the module does not depend on head_dim); the KV key, whose module does, here.
 
 
-def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> dict:
+_ROPE_PARAMS = ("dtype", "idx_dtype", "rotary_dim", "is_neox", "vec")
+_KV_PARAMS = ("dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_neox", "vec")
+
+
+def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
     max_pos, rot = cos_sin_cache.shape
     if rot <= 0 or rot % 2 or not max_pos:
         _cache_shape(cos_sin_cache)
     if is_neox is not True and is_neox is not False:
         _refuse_style(is_neox)
     vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot)
-    return {"dtype": q.dtype, "idx_dtype": positions.dtype, "rotary_dim": rot,
-            "is_neox": is_neox, "vec": vec}  # fmt: skip
+    return q.dtype, positions.dtype, rot, is_neox, vec
 
 
-def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> dict:
+def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> tuple:
     head_dim = q.shape[2]
     max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
     if is_neox is not True and is_neox is not False:
         _refuse_style(is_neox)
     vec = _pick_vec((q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim)
-    return {"dtype": q.dtype, "idx_dtype": positions.dtype, "loc_dtype": out_loc.dtype,
-            "head_dim": head_dim, "rotary_dim": rot, "is_neox": is_neox, "vec": vec}  # fmt: skip
+    return q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox, vec
 
 
 def _fleet_key(key, dtype, head_dim: int, rot: int, is_neox: bool) -> dict:
-    """What the fleet prebuilds: the ``key`` of a call with contiguous [2, 4, head_dim] tensors of
-    ``dtype`` (16-byte aligned: 16-byte vectors), int64 indices and a [4, rot] cache."""
+    """What the fleet prebuilds: the template parameters (CUDA) or macros (SYCL) of a call with
+    contiguous [2, 4, head_dim] tensors of ``dtype`` (16-byte aligned: 16-byte vectors), int64
+    indices and a [4, rot] cache."""
     x = torch.empty(2, 4, head_dim, dtype=dtype)
     cache, index = torch.empty(4, rot), torch.zeros(2, dtype=torch.int64)
     if key in (_rope_key, _sycl_rope_key):
-        return key(x, x, cache, index, is_neox)
-    return key(x, x, x, x, x, cache, index, index, is_neox)
+        found = key(x, x, cache, index, is_neox)
+    else:
+        found = key(x, x, x, x, x, cache, index, index, is_neox)
+    names = {_rope_key: _ROPE_PARAMS, _kv_key: _KV_PARAMS}.get(key)
+    return dict(zip(names, found, strict=True)) if names else found
 
 
 def _sycl_key(dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
@@ -331,6 +337,7 @@ _apply_rope = family.op(
         "csrc/rope.cuh",
         "sgljit_rope::RopeKernel<{dtype}, {idx_dtype}, {rotary_dim}, {is_neox}, {vec}>::run",
         key=_rope_key,
+        params=_ROPE_PARAMS,
     ),
     sycl=Sycl("sycl/rope.hpp", key=_sycl_rope_key, launch=_launch_rope, module="rope"),
     prebuild={
@@ -364,6 +371,7 @@ _apply_rope_with_kv_cache = family.op(
         "sgljit_rope::RopeKVKernel<{dtype}, {idx_dtype}, {loc_dtype}, {head_dim}, {rotary_dim}, "
         "{is_neox}, {vec}>::run",
         key=_kv_key,
+        params=_KV_PARAMS,
     ),
     sycl=Sycl("sycl/rope.hpp", key=_sycl_kv_key, launch=_launch_kv, module="rope"),
     prebuild={

@@ -116,11 +116,8 @@ inline constexpr int kMaxVecsPerRow = 4096;
 #ifndef NORM_MIN_BLOCK  // threads of the smallest block: several row groups share a block below it
 #define NORM_MIN_BLOCK 128
 #endif
-#ifndef NORM_ROW_FIT  // A/B: 1 = multi-warp row groups of whole warps with the fewest idle vector slots
+#ifndef NORM_ROW_FIT  // A/B: 1 = multi-warp row groups of whole warps (not a power of two) at the target
 #define NORM_ROW_FIT 0
-#endif
-#ifndef NORM_SMALL_VPT  // A/B: rows of up to a warp's vectors: 0 = one vector a thread, k = k a thread
-#define NORM_SMALL_VPT 0
 #endif
 inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
 
@@ -130,21 +127,6 @@ template <bool kFused, bool kMany = false>
 inline constexpr int kVecTarget = kMany ? (kFused ? NORM_MANY_FUSED_VECS : NORM_MANY_PLAIN_VECS)
                                   : kFused ? std::max(1, NORM_VECS_PER_THREAD / 2)
                                            : NORM_VECS_PER_THREAD;
-
-// Threads (a multiple of 32, 64..1024) of a multi-warp row group of n vectors: the fewest idle vector
-// slots (threads * vectors - n) with kTarget/2..kTarget+1 vectors per thread, then the count nearest kTarget.
-constexpr int fit_threads(int n, int target) {
-  int best = 0, best_waste = 1 << 30, best_dist = 1 << 30;
-  for (int vpt = std::max(1, target / 2); vpt <= target + 1; ++vpt) {
-    const int threads = div_ceil(div_ceil(n, vpt), 32) * 32;
-    if (threads < 64 || threads > 1024) continue;
-    const int waste = threads * vpt - n, dist = vpt > target ? vpt - target : target - vpt;
-    if (waste < best_waste || (waste == best_waste && dist < best_dist)) {
-      best = threads, best_waste = waste, best_dist = dist;
-    }
-  }
-  return best ? best : std::clamp(pow2_ceil(div_ceil(n, target)), 64, 1024);
-}
 
 // How a row of kH elements of T is spread over threads holding about kTarget vectors each.
 template <typename T, int kH, int kTarget>
@@ -156,8 +138,8 @@ struct RowConfig {
   // Beyond: a power-of-two multi-warp group of 64..1024 threads.
   static constexpr int kThreads =
       !kValid                       ? 1
-      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(NORM_SMALL_VPT ? div_ceil(kNumVec, NORM_SMALL_VPT) : kNumVec))
-      : NORM_ROW_FIT                ? fit_threads(kNumVec, kTarget)
+      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(kNumVec))
+      : NORM_ROW_FIT                ? std::clamp(div_ceil(div_ceil(kNumVec, kTarget), 32) * 32, 64, 1024)
                                     : std::clamp(pow2_ceil(div_ceil(kNumVec, kTarget)), 64, 1024);
   static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
   // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
@@ -523,7 +505,9 @@ template <typename T, int kHA, int kHB, bool kGemma, bool kFused>
 void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb, bool has_b, float eps,
                  DLDevice device, const char* name) {
   const bool fast = kHA > 0 && (!has_b || kHB > 0) && fast_layout(a, kFused) && (!has_b || fast_layout(b, kFused));
-  if constexpr (kHA > 0) {
+  // Two row sets share a block size (a multiple of both groups); the rare pairs for which that exceeds
+  // 1024 threads take the generic kernel.
+  if constexpr (kHA > 0 && kBlockThreads<T, kHA, kHB, kVecTarget<kFused>> <= 1024) {
     if (fast) {
       constexpr int kThreadsPerSM = kHB > 0 ? NORM_THREADS_PER_SM * 3 / 4 : NORM_THREADS_PER_SM;
       // Many rows of the widths the many-rows row groups were measured faster for (see the top of
