@@ -47,6 +47,8 @@ from .jit_utils import as_dtype, make_cpp_args
 __all__ = ["FLOATS", "Case", "Cuda", "Family", "Op", "Scalar", "Sycl", "Tensor"]
 
 NAMESPACE = "sgljit"
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # torch.compile's functionalization calls fakes as handler(mode, *args, **kwargs): an op parameter
 # named like that breaks inductor ("got multiple values for argument 'mode'").
@@ -211,11 +213,12 @@ class Op:
             return_annotation=None,
         )
         self._tensor_index = tuple((i, n) for i, n in enumerate(self.params) if n in tensors)
+        self._arity = len(self.params)
         self._cuda_fns: dict = {}
         self._sycl_modules: dict = {}
 
-        def dispatch(*a, **kw):
-            self._dispatch(*self._positional(a, kw))
+        def dispatch(*a, **kw):  # what the custom op runs (compiled graphs), on any backend
+            self._run(self._positional(a, kw))
 
         owner = _DECLARED.setdefault(name, family.name)
         if owner != family.name:
@@ -234,31 +237,23 @@ class Op:
         return f"<sgljit op {self.family.name}.{self.name}{self.signature}>"
 
     def __call__(self, *args, **kwargs) -> None:
-        if kwargs or len(args) != len(self.params):
+        if kwargs or len(args) != self._arity:
             args = self._positional(args, kwargs)
-        if torch.compiler.is_compiling():
-            self.custom_op(*args)
-        else:
-            self._dispatch(*args)
+        if _is_compiling():
+            return self.custom_op(*args)
+        return self._run(args)
 
-    def _positional(self, args: tuple, kwargs: dict) -> tuple:
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as err:
-            raise TypeError(f"sgljit::{self.name}{self.signature}: {err}") from None
-        return bound.args
-
-    # -- dispatch --------------------------------------------------------------------------------
-    def _dispatch(self, *args) -> None:
+    def _run(self, args: tuple) -> None:
+        """Run on the backend the first tensor (or ``use_backend``) selects."""
         first = args[0]
         if not isinstance(first, torch.Tensor):
             raise TypeError(
                 f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}"
             )
         backend = _backend.select_backend(first)
-        if backend != "reference" and torch.is_grad_enabled():
+        if backend != "reference" and _grad_enabled():
             self._refuse_grad(backend, args)
-        if backend == "cuda":
+        if backend == "cuda":  # the eager hot path: one key, one lookup, one tvm-ffi call
             try:
                 fn = self._cuda_fns[self.cuda.key(*args)]
             except Exception:  # a new specialization, no CUDA kernel, or a key that cannot be read
@@ -267,7 +262,7 @@ class Op:
                 fn(*args)
             except TypeError as err:  # tvm-ffi names the argument by position only
                 raise self._name_type_error(err, args) from None
-            return
+            return None
         self.check_arguments(args)
         if backend == "reference":
             self.reference(*args)
@@ -276,6 +271,14 @@ class Op:
         else:
             key = self.sycl.key(*args)
             self.sycl.launch(self._sycl_module(key), key, *args)
+        return None
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"sgljit::{self.name}{self.signature}: {err}") from None
+        return bound.args
 
     def _refuse_grad(self, backend: str, args: tuple) -> None:
         for i, name in self._tensor_index:
