@@ -204,7 +204,9 @@ _timestep_embedding = family.op(
         # CUDA reads every timestep dtype; SYCL timesteps come as fp32 or int64 in practice.
         "cuda": [{"out_dtype": d} for d in OUT_DTYPES],
         "sycl": [
-            {"SGLJIT_TIN": t, "SGLJIT_T": o} for t in (torch.float32, torch.int64) for o in OUT_DTYPES
+            {"SGLJIT_TIN": t, "SGLJIT_T": o}
+            for t in (torch.float32, torch.int64)
+            for o in OUT_DTYPES
         ],
     },
     cases=_CASES,
