@@ -10,13 +10,17 @@ Measures, each as the median over fresh processes (or calls):
     (its saved device binary) where the SYCL runtime is installed;
   - cold build of one specialization into an empty cache (C++; CUDA too when nvcc is found);
   - eager host overhead per call: the bare tvm-ffi call, a validating C++ op, a ``kernel_op``
-    dispatch, torch for comparison; on a CUDA GPU also a JIT CUDA op and installed plugin ops.
-Writes benchmarks/results/<machine>/jit.md.
+    dispatch, torch for comparison; on a CUDA GPU also a JIT CUDA op and installed plugin ops;
+  - on a CUDA GPU, the eager table: every sgljit op at one token, wall time per call of back-to-back
+    eager calls, beside sglang's jit_kernel for the same op (the ``sglang-jit`` provider,
+    benchmarks/sglang_provider.py), against the target: at most 6 µs, and never slower than sglang.
+Writes benchmarks/results/<machine>/jit.md (``--eager-only``: only the eager table, to jit_eager.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -32,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "jit_sources"
 TARGET_IMPORT_MS = 30.0
 TARGET_WARM_MS = 20.0
+TARGET_EAGER_US = 6.0
 MARK = "@@BENCH@@"
 
 # Loader code shared by the children and this process. CUDA arch: SGLJIT_CUDA_ARCH or torch's.
@@ -399,16 +404,17 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
         f"{per_call_us(lambda: torch.mul(x, 3, out=out), calls):.2f} µs",
     )
     try:
-        from sgljit.op import kernel_op
+        from sgljit.op import Family, Tensor
 
-        def bench_scale_(x: torch.Tensor, out: torch.Tensor) -> None:
-            torch.mul(x, 3, out=out)
-
-        kop = kernel_op("bench_jit_scale", mutates_args=("out",))(bench_scale_)
+        kop = Family("bench_jit", __file__).op(
+            "bench_jit_scale",
+            args={"x": Tensor("n"), "out": Tensor("n", dtype="x", io="out")},
+            reference=lambda x, out: torch.mul(x, 3, out=out),
+        )
         rep.add(
-            "host: kernel_op eager dispatch to the reference (torch.mul) body",
+            "host: declared op's eager dispatch to the reference (torch.mul) body",
             f"{per_call_us(lambda: kop(x, out), calls):.2f} µs",
-            note="dispatch = this minus torch.mul above",
+            note="dispatch + the reference's Python argument checks = this minus torch.mul above",
         )
         rep.add(
             "host: same through torch.ops.sgljit.bench_jit_scale (custom op)",
@@ -416,8 +422,7 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
             note="what a compiled graph pays outside CUDA graphs",
         )
     except Exception as e:
-        rep.error("host: kernel_op dispatch", e)
-        kop = None
+        rep.error("host: declared op dispatch", e)
 
     if not _has_gpu():
         rep.skip("host: CUDA ops (JIT CUDA op, plugin ops)", "needs a CUDA GPU")
@@ -438,12 +443,6 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
             f"{per_call_us(lambda: cmod.scale(xc, oc), calls, sync):.2f} µs",
             note="wall per call, launches back to back",
         )
-        if kop is not None:
-            kop.register("cuda")(lambda x, out: cmod.scale(x, out))
-            rep.add(
-                "host: kernel_op eager dispatch to that CUDA op",
-                f"{per_call_us(lambda: kop(xc, oc), calls, sync):.2f} µs",
-            )
     except Exception as e:
         rep.error("host: JIT CUDA op", e)
     bench_plugin_ops(rep, calls, sync)
@@ -476,35 +475,50 @@ def bench_plugin_ops(rep: Report, calls: int, sync) -> None:
         bench_rmsnorm_parts(rep, calls, sync)
 
 
-# The module function of rmsnorm alone (no Python validation, no kernel_op dispatch), timed in a
-# fresh process so SGLJIT_PDL (read once per module) takes effect; prints µs per call.
+# The module function of rmsnorm alone (its generated C++ checks and launch, no Python dispatch),
+# timed in a fresh process so SGLJIT_PDL (read once per module) takes effect; prints µs per call.
 _RMS_MODULE_CODE = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from bench_jit import per_call_us
-from sgljit_norm.ops import cuda_function
+from sgljit_norm.ops import family
 x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
 w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
 out = torch.empty_like(x)
-f = cuda_function("rmsnorm", torch.bfloat16, 4096)
+f = family.cuda_module("rows", {"dtype": torch.bfloat16, "width": 4096}).rmsnorm
 print(per_call_us(lambda: f(x, w, out, 1e-6), int(sys.argv[2]), torch.cuda.synchronize))
 """
 
 
 def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
-    """Where an eager rmsnorm call's host time goes: its Python validation alone, and its module
-    function alone (tvm-ffi call, C++ validation, launch) with and without PDL."""
+    """Where an eager rmsnorm call's host time goes: its Python path alone (the module function
+    replaced by a no-op), and its module function alone (tvm-ffi call, generated C++ checks,
+    launch) with and without PDL."""
     try:
+        import torch
+
         from sgljit_norm import ops
 
         x, w, out = _rms_tensors()
-        rep.add(
-            "host: rmsnorm's Python validation alone",
-            f"{per_call_us(lambda: ops._prepare_rmsnorm(x, w, 1e-6, out), calls):.2f} µs",
-            note="no launch",
-        )
+        ops.rmsnorm(x, w, out=out)
+        fns = ops._rmsnorm._cuda_fns
+        saved = dict(fns)
+        try:
+            fns.update(dict.fromkeys(fns, lambda *a: None))
+            for label, ctx in (
+                ("", contextlib.nullcontext),
+                (", inference_mode", torch.inference_mode),
+            ):
+                with ctx():
+                    rep.add(
+                        f"host: rmsnorm's Python path alone{label}",
+                        f"{per_call_us(lambda: ops.rmsnorm(x, w, out=out), calls):.2f} µs",
+                        note="public function + dispatch, no C++ call",
+                    )
+        finally:
+            fns.update(saved)
     except Exception as e:
-        rep.error("host: rmsnorm's Python validation", e)
+        rep.error("host: rmsnorm's Python path", e)
     for pdl in ("1", "0"):
         what = f"host: rmsnorm's module function alone, SGLJIT_PDL={pdl}"
         try:
@@ -537,6 +551,321 @@ def _rms_tensors():
 def _rms_args(f):
     x, w, out = _rms_tensors()
     return lambda: f(x, w, 1e-6, out=out)
+
+
+# ------------------------------------------------------------------------------------------------
+# The eager table: one token, sgljit vs sglang's jit_kernel
+
+
+def _eager_specs(dev: str = "cuda") -> list[dict]:
+    """The eager table's rows. Each: ``op`` (label), ``inputs()`` (a fresh dict of CUDA tensors),
+    ``sgljit(ops) -> fn(inputs)``, and for sglang either ``sglang`` (a sglang_provider loader, with
+    ``sglang_prepare`` when it needs extra buffers) or ``sglang_na`` (why there is no such call);
+    ``note`` says where the two calls do different work. Weights are ones, so in-place ops stay
+    finite over many calls."""
+    import sglang_provider as sj
+    import torch
+
+    bf16, fp8, eps = torch.bfloat16, torch.float8_e4m3fn, 1e-6
+
+    def randn(*shape, dtype=bf16):
+        return torch.randn(*shape, dtype=dtype, device=dev)
+
+    def ones(*shape):
+        return torch.ones(*shape, dtype=bf16, device=dev)
+
+    def rms(out=True):
+        x = randn(1, 4096)
+        return {"x": x, "w": ones(4096), **({"out": torch.empty_like(x)} if out else {})}
+
+    def fused():
+        return {"x": randn(1, 4096), "r": randn(1, 4096), "w": ones(4096)}
+
+    def qk(per_head: bool, hk: int = 8, fused_qkv: bool = True):
+        if fused_qkv:  # views into one qkv buffer, as attention layers have them
+            qkv = randn(1, (32 + 2 * hk) * 128)
+            q, k = qkv[:, : 32 * 128], qkv[:, 32 * 128 : (32 + hk) * 128]
+        else:
+            q, k = randn(1, 32 * 128), randn(1, hk * 128)
+        if per_head:
+            return {
+                "q": q.view(1, 32, 128),
+                "k": k.view(1, hk, 128),
+                "qw": ones(128),
+                "kw": ones(128),
+            }
+        return {"q": q, "k": k, "qw": ones(32 * 128), "kw": ones(hk * 128)}
+
+    def rope(kv: bool = False):
+        i = {
+            "q": randn(1, 32, 128),
+            "k": randn(1, 8, 128),
+            "cache": randn(4096, 128, dtype=torch.float32),
+            "pos": torch.tensor([7], device=dev),
+            "is_neox": True,
+        }
+        if kv:
+            i |= {
+                "v": randn(1, 8, 128),
+                "k_cache": torch.zeros(64, 8, 128, dtype=bf16, device=dev),
+                "v_cache": torch.zeros(64, 8, 128, dtype=bf16, device=dev),
+                "loc": torch.tensor([3], device=dev),
+            }
+        return i
+
+    def quant(static: bool = False):
+        x = randn(1, 4096)
+        i = {"x": x, "out": torch.empty(1, 4096, dtype=fp8, device=dev)}
+        if static:
+            i["scale"] = (x.abs().amax().float() / 448.0).reshape(1)
+        return i
+
+    def timestep(out=True):
+        i = {"t": torch.rand(1, device=dev) * 1000, "dim": 256}
+        return i | ({"out": torch.empty(1, 256, dtype=torch.float32, device=dev)} if out else {})
+
+    ts_kw = {"flip_sin_to_cos": True, "downscale_freq_shift": 0.0}
+    return [
+        {
+            "op": "rmsnorm 1×4096, out= given",
+            "inputs": rms,
+            "sgljit": lambda o: lambda i, f=o.rmsnorm: f(i["x"], i["w"], eps, out=i["out"]),
+            "sglang": lambda: sj.load_rmsnorm(eps),
+        },
+        {
+            "op": "rmsnorm 1×4096, no out=",
+            "inputs": lambda: rms(out=False),
+            "sgljit": lambda o: lambda i, f=o.rmsnorm: f(i["x"], i["w"], eps),
+            "sglang": lambda: sj.load_rmsnorm(eps),
+            "note": "sgljit allocates the output; sglang's out=None normalizes x in place",
+        },
+        {
+            "op": "fused_add_rmsnorm 1×4096",
+            "inputs": fused,
+            "sgljit": lambda o: lambda i, f=o.fused_add_rmsnorm: f(i["x"], i["r"], i["w"], eps),
+            "sglang": lambda: sj.load_fused_add_rmsnorm(eps),
+        },
+        {
+            "op": "gemma_rmsnorm 1×4096, out= given",
+            "inputs": rms,
+            "sgljit": lambda o: lambda i, f=o.gemma_rmsnorm: f(i["x"], i["w"], eps, out=i["out"]),
+            "sglang": lambda: sj.load_gemma_rmsnorm(eps),
+        },
+        {
+            "op": "gemma_fused_add_rmsnorm 1×4096",
+            "inputs": fused,
+            "sgljit": lambda o: (
+                lambda i, f=o.gemma_fused_add_rmsnorm: f(i["x"], i["r"], i["w"], eps)
+            ),
+            "sglang": lambda: sj.load_gemma_fused_add_rmsnorm(eps),
+        },
+        {
+            "op": "qknorm 32/8 heads × 128 (views into qkv)",
+            "inputs": lambda: qk(per_head=True),
+            "sgljit": lambda o: lambda i, f=o.qknorm: f(i["q"], i["k"], i["qw"], i["kw"], eps),
+            "sglang": lambda: sj.load_qknorm(eps),
+        },
+        {
+            "op": "qknorm_across_heads q 4096 / k 1024 wide (views into qkv)",
+            "inputs": lambda: qk(per_head=False),
+            "sgljit": lambda o: (
+                lambda i, f=o.qknorm_across_heads: f(i["q"], i["k"], i["qw"], i["kw"], eps)
+            ),
+            "sglang": lambda: sj.load_qknorm_across_heads(eps),
+            "note": "sglang's needs q and k of one width and contiguous rows",
+        },
+        {
+            "op": "qknorm_across_heads q, k 4096 wide (contiguous)",
+            "inputs": lambda: qk(per_head=False, hk=32, fused_qkv=False),
+            "sgljit": lambda o: (
+                lambda i, f=o.qknorm_across_heads: f(i["q"], i["k"], i["qw"], i["kw"], eps)
+            ),
+            "sglang": lambda: sj.load_qknorm_across_heads(eps),
+            "note": "a shape both accept",
+        },
+        {
+            "op": "apply_rope 32/8 heads × 128, neox",
+            "inputs": rope,
+            "sgljit": lambda o: (
+                lambda i, f=o.apply_rope: f(i["q"], i["k"], i["cache"], i["pos"], is_neox=True)
+            ),
+            "sglang": sj.load_apply_rope,
+        },
+        {
+            "op": "apply_rope_with_kv_cache 32/8 heads × 128",
+            "inputs": lambda: rope(kv=True),
+            "sgljit": lambda o: (
+                lambda i, f=o.apply_rope_with_kv_cache: f(
+                    i["q"],
+                    i["k"],
+                    i["v"],
+                    i["k_cache"],
+                    i["v_cache"],
+                    i["cache"],
+                    i["pos"],
+                    i["loc"],
+                )
+            ),
+            "sglang": sj.load_apply_rope_with_kv_cache,
+            "sglang_prepare": sj.prepare_kv_cache_2d,
+            "note": "sglang also rotates k in place (writes k back)",
+        },
+        {
+            "op": "per_tensor_quant_fp8 static 1×4096",
+            "inputs": lambda: quant(static=True),
+            "sgljit": lambda o: (
+                lambda i, f=o.per_tensor_quant_fp8: f(i["x"], i["scale"], out=i["out"])
+            ),
+            "sglang": sj.load_per_tensor_quant_fp8_static,
+        },
+        {
+            "op": "per_tensor_quant_fp8 dynamic 1×4096",
+            "inputs": quant,
+            "sgljit": lambda o: lambda i, f=o.per_tensor_quant_fp8: f(i["x"], out=i["out"]),
+            "sglang": sj.load_per_tensor_quant_fp8_dynamic,
+            "sglang_prepare": sj.prepare_dynamic_scale,
+            "note": "sgljit allocates its scale; sglang's time includes scale.zero_() (its "
+            "absmax is an atomic max into the given scale)",
+        },
+        {
+            "op": "per_token_quant_fp8 1×4096",
+            "inputs": quant,
+            "sgljit": lambda o: lambda i, f=o.per_token_quant_fp8: f(i["x"], out=i["out"]),
+            "sglang": sj.load_per_token_quant_fp8,
+            "sglang_prepare": sj.prepare_per_token_scales,
+            "note": "sgljit allocates its scales; sglang: per_token_group_quant_8bit, one group "
+            "per row, into a given scales buffer",
+        },
+        {
+            "op": "timestep_embedding B=1 dim=256 fp32, out= given",
+            "inputs": timestep,
+            "sgljit": lambda o: (
+                lambda i, f=o.timestep_embedding: f(i["t"], i["dim"], **ts_kw, out=i["out"])
+            ),
+            "sglang_na": "no out= (it allocates; next row)",
+        },
+        {
+            "op": "timestep_embedding B=1 dim=256 fp32, allocating",
+            "inputs": lambda: timestep(out=False),
+            "sgljit": lambda o: lambda i, f=o.timestep_embedding: f(i["t"], i["dim"], **ts_kw),
+            "sglang": lambda: sj.load_timestep_embedding(True, 0.0),
+        },
+    ]
+
+
+def _eager_time(make_fn, inputs, calls: int, sync) -> tuple[float | None, str]:
+    """(µs per call, "") or (None, "missing: …" / "failed: …"): the same method as the host rows,
+    after one call (and sync) that compiles or loads the kernel."""
+    try:
+        fn = make_fn()
+    except Exception as e:
+        return None, "missing: " + _short(e)
+    try:
+        fn(inputs)
+        sync()
+        return per_call_us(lambda: fn(inputs), calls, sync), ""
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            sync()
+        return None, "failed: " + _short(e)
+
+
+def _short(e: BaseException, limit: int = 150) -> str:
+    from harness import _short as short  # one line, repo paths relative, root cause first
+
+    return short(e, limit)
+
+
+def eager_verdict(ours: float | None, theirs: float | None) -> str:
+    """Against the target: at most TARGET_EAGER_US per call, and never slower than sglang's."""
+    if ours is None:
+        return "no sgljit time"
+    misses = []
+    if ours > TARGET_EAGER_US:
+        misses.append(f"> {TARGET_EAGER_US:g} µs")
+    if theirs is not None and ours > theirs:
+        misses.append("slower than sglang")
+    return "met" if not misses else "NOT met: " + ", ".join(misses)
+
+
+def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
+    """The eager table (markdown, also printed row by row) and the ops sgljit has no time for.
+    Without a CUDA GPU: one line saying so, and no failures. (``dev="cpu"`` only checks the
+    table's wiring: sgljit's reference backend, and sglang-jit missing.)"""
+    import torch
+
+    title = "## Eager host time per call, one token: sgljit vs sglang's jit_kernel"
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    if dev == "cuda" and not torch.cuda.is_available():
+        line = "eager table: skipped (needs a CUDA GPU; torch.cuda.is_available() is False)"
+        print(line, flush=True)
+        return f"{title}\n\n{line}\n", []
+    import sglang_provider
+
+    import sgljit
+
+    version = sglang_provider.version()
+    print(f"eager table ({calls} calls per round, 7 rounds):", flush=True)
+    lines = [
+        title,
+        "",
+        f"- sglang-jit: sglang {version or 'not fetched'} jit_kernel "
+        f"(benchmarks/sglang_provider.py); target: ≤ {TARGET_EAGER_US:g} µs per call, and never "
+        "slower than sglang's",
+        f"- median of 7 rounds of {calls} back-to-back eager calls, wall time per call (launches "
+        "included, synchronized at the end of a round); bf16 unless said; both sides are called "
+        "as fn(inputs) on their own copy of the inputs",
+        "",
+        "| op (one token) | sgljit µs | sgljit µs, inference_mode | sglang-jit µs | sgljit ÷ sglang "
+        "| verdict | note |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    failed = []
+    available = set(dir(sgljit.ops))
+    for spec in _eager_specs(dev):
+        op = spec["op"]
+        name = op.split()[0]
+        try:
+            if name not in available:
+                ours, why = None, "missing: op not installed"
+                served, served_why = None, why
+            else:
+                ours, why = _eager_time(
+                    lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), calls, sync
+                )
+                with torch.inference_mode():  # how serving engines run a model's forward
+                    served, served_why = _eager_time(
+                        lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), calls, sync
+                    )
+        except Exception as e:  # making the inputs
+            ours, why = None, "failed: " + _short(e)
+            served, served_why = None, why
+        if "sglang_na" in spec:
+            theirs, their_why = None, spec["sglang_na"]
+        else:
+            try:
+                inputs = spec["inputs"]()
+                prepare = spec.get("sglang_prepare")
+                theirs, their_why = _eager_time(
+                    spec["sglang"], prepare(inputs) if prepare else inputs, calls, sync
+                )
+            except Exception as e:
+                theirs, their_why = None, "failed: " + _short(e)
+        if ours is None:
+            failed.append(f"eager: {op}")
+        ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else ""
+        cells = [
+            op,
+            f"{ours:.2f}" if ours is not None else why,
+            f"{served:.2f}" if served is not None else served_why,
+            f"{theirs:.2f}" if theirs is not None else their_why,
+            ratio,
+            eager_verdict(ours, theirs),
+            spec.get("note", ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        print("  " + " | ".join(c for c in cells if c), flush=True)
+    return "\n".join(lines) + "\n", failed
 
 
 def _has_gpu() -> bool:
@@ -573,6 +902,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--check-twice", action="store_true", help="also time `sgljit check` twice on one cache"
     )
+    ap.add_argument(
+        "--eager-only",
+        action="store_true",
+        help="only the eager table (every op at one token, sgljit vs sglang-jit); "
+        "writes jit_eager.md",
+    )
+    ap.add_argument(
+        "--eager-calls", type=int, default=10000, help="calls per round in the eager table"
+    )
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(HERE))
@@ -580,7 +918,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rep = Report()
     machine = harness.machine_name()
+    if args.eager_only:
+        return _main_eager_only(args, machine)
     print(f"JIT machinery on {machine}", flush=True)
+    # The measurements below build into throwaway caches; the eager table uses the caller's.
+    cache_dir = os.environ.get("SGLJIT_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="sgljit-bench-jit-") as tmp:
         work = Path(tmp)
         for what, fn in (
@@ -617,6 +959,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             rep.error("host overhead", e)
 
+    _set_env("SGLJIT_CACHE_DIR", cache_dir)
+    eager_text, eager_failed = _eager_section(args.eager_calls)
+    rep.failed += eager_failed
     v = harness.versions()
     text = "\n".join(
         [
@@ -631,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             rep.table(),
             "",
+            eager_text,
         ]
     )
     print()
@@ -640,6 +986,47 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(text)
         print(f"written: {path}")
     return 1 if rep.failed else 0
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _eager_section(calls: int) -> tuple[str, list[str]]:
+    try:
+        return bench_eager(calls)
+    except Exception as e:  # a row's own errors are in its cells; this is the table failing
+        print(f"eager table: FAILED\n    {e}", flush=True)
+        return f"eager table: failed: {_short(e)}\n", ["eager table"]
+
+
+def _main_eager_only(args: argparse.Namespace, machine: str) -> int:
+    import harness
+
+    eager_text, failed = _eager_section(args.eager_calls)
+    v = harness.versions()
+    text = "\n".join(
+        [
+            f"# Eager host time per call — {machine}",
+            "",
+            f"- command: `{harness.command_line()}`",
+            f"- date: {harness.now_utc()}",
+            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+            f"- CPU: {harness.cpu_name()}, {os.cpu_count()} cores",
+            "",
+            eager_text,
+        ]
+    )
+    print()
+    print(text)
+    if not args.no_write:
+        path = harness.results_dir(machine) / "jit_eager.md"
+        path.write_text(text)
+        print(f"written: {path}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

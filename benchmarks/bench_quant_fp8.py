@@ -4,7 +4,10 @@
     python3 benchmarks/bench_quant_fp8.py --dry-run    # wiring check on the CPU
 
 Providers: sgljit, torch eager and torch.compile of the same PyTorch formula
-(``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, scale ``max(absmax / 448, 2^-126)``).
+(``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, scale ``max(absmax / 448, 2^-126)``),
+and sglang's jit_kernel ("sglang-jit", benchmarks/sglang_provider.py): its dynamic per-tensor time
+includes zeroing the scale buffer first (its absmax is an atomic max into it), its per-token time is
+per-token-group quantization with one group per row.
 Bytes: input read once, fp8 output and scale(s) written once. The dynamic per-tensor op must read
 the input twice in general (absmax, then quantize); that second read is *not* counted, so its GB/s
 is against one read (sgljit keeps up to ~29 MB of it on chip: shared memory + L2).
@@ -12,6 +15,7 @@ is against one read (sgljit keeps up to ~29 MB of it on chip: shared memory + L2
 
 import sys
 
+import sglang_provider as sglang_jit
 import torch
 from harness import Case, Op, nbytes, run_family, standard_providers
 
@@ -89,9 +93,34 @@ def ops() -> list[Op]:
         return [make_case(t, HIDDEN, torch.bfloat16, kind) for t in TOKENS]
 
     return [
-        Op("per_tensor_dynamic", cases("dynamic"), standard_providers(load_dynamic, torch_dynamic)),
-        Op("per_tensor_static", cases("static"), standard_providers(load_static, torch_static)),
-        Op("per_token", cases("per_token"), standard_providers(load_per_token, torch_per_token)),
+        Op(
+            "per_tensor_dynamic",
+            cases("dynamic"),
+            [
+                *standard_providers(load_dynamic, torch_dynamic),
+                sglang_jit.provider(
+                    sglang_jit.load_per_tensor_quant_fp8_dynamic, sglang_jit.prepare_dynamic_scale
+                ),
+            ],
+        ),
+        Op(
+            "per_tensor_static",
+            cases("static"),
+            [
+                *standard_providers(load_static, torch_static),
+                sglang_jit.provider(sglang_jit.load_per_tensor_quant_fp8_static),
+            ],
+        ),
+        Op(
+            "per_token",
+            cases("per_token"),
+            [
+                *standard_providers(load_per_token, torch_per_token),
+                sglang_jit.provider(
+                    sglang_jit.load_per_token_quant_fp8, sglang_jit.prepare_per_token_scales
+                ),
+            ],
+        ),
     ]
 
 

@@ -1,5 +1,6 @@
-"""Rotary embedding: sgljit vs torch eager, torch.compile and Liger (issue shapes: bf16, q 32 heads /
-k 8 heads x 128, neox, fp32 cos_sin_cache).
+"""Rotary embedding: sgljit vs torch eager, torch.compile, Liger and sglang's jit_kernel
+("sglang-jit", benchmarks/sglang_provider.py) (issue shapes: bf16, q 32 heads / k 8 heads x 128,
+neox, fp32 cos_sin_cache).
 
     python3 benchmarks/bench_rope.py              # on a CUDA GPU
     python3 benchmarks/bench_rope.py --dry-run    # wiring check on the CPU
@@ -9,7 +10,8 @@ Ops:
   math, rounded once) and return new tensors. Liger (neox, rotary_dim == head_dim only) is given
   cos/sin already gathered per token in its layout (untimed ``prepare``), so it skips the gather.
 - ``apply_rope_with_kv_cache``: q in place, rotated k and v stored into the caches at out_loc;
-  also timed: sgljit ``apply_rope`` + two ``index_copy_`` (the unfused way).
+  also timed: sgljit ``apply_rope`` + two ``index_copy_`` (the unfused way). sglang-jit's fused
+  op also writes the rotated k back into k (more bytes than counted here; see its loader).
 
 Inputs: positions uniform in [0, 65536) over one shared 32 MiB cos_sin_cache (rows read are
 counted as bytes; the cache may partly sit in L2 for every provider alike).
@@ -19,6 +21,7 @@ KV variant: q read + written, k and v read, k and v cache rows written, position
 
 import sys
 
+import sglang_provider as sglang_jit
 import torch
 from harness import (
     COMPILE,
@@ -187,6 +190,7 @@ def ops() -> list[Op]:
                 fixed(torch_rope, EAGER),
                 torch_compiled(torch_rope),
                 Provider(LIGER, load_liger, liger_prepare),
+                sglang_jit.provider(sglang_jit.load_apply_rope),
             ],
         ),
         Op(
@@ -197,6 +201,9 @@ def ops() -> list[Op]:
                 Provider("sgljit apply_rope + 2 index_copy_", load_sgljit_unfused),
                 fixed(torch_kv, EAGER),
                 torch_compiled(torch_kv, COMPILE),
+                sglang_jit.provider(
+                    sglang_jit.load_apply_rope_with_kv_cache, sglang_jit.prepare_kv_cache_2d
+                ),
             ],
         ),
     ]

@@ -6,7 +6,9 @@
 Shapes: batch 1 … 65536 for dim 256 (SD3/Flux/Wan's timestep projection) and dim 1024, fp32 output
 (the default), plus dim 256 with bf16 output. Timesteps are fp32 in [0, 1000); flip_sin_to_cos=True,
 downscale_freq_shift=0 (the Flux/SD3 configuration). Providers: sgljit (destination passing), torch
-eager and torch.compile of diffusers' function as written. No Liger kernel exists for this op.
+eager and torch.compile of diffusers' function as written, and sglang's jit_kernel ("sglang-jit",
+benchmarks/sglang_provider.py: it allocates an fp32 output per call, cast to bf16 for the bf16
+series). No Liger kernel exists for this op.
 
 Bytes per call: the timesteps read once and the embedding written once (the write dominates:
 B=65536, dim=1024, fp32 is 268 MB, about 63 µs at 4290 GB/s).
@@ -15,6 +17,7 @@ B=65536, dim=1024, fp32 is 268 MB, about 63 µs at 4290 GB/s).
 import math
 import sys
 
+import sglang_provider as sglang_jit
 import torch
 from harness import Case, Op, nbytes, run_family, standard_providers
 
@@ -69,7 +72,14 @@ def ops() -> list[Op]:
     cases += [make_case(b, 1024, torch.float32) for b in BATCHES]
     cases += [make_case(b, 256, torch.bfloat16) for b in BATCHES]
     return [
-        Op("timestep_embedding", cases, standard_providers(load_sgljit, torch_timestep_embedding))
+        Op(
+            "timestep_embedding",
+            cases,
+            [
+                *standard_providers(load_sgljit, torch_timestep_embedding),
+                sglang_jit.provider(lambda: sglang_jit.load_timestep_embedding(FLIP, SHIFT)),
+            ],
+        )
     ]
 
 

@@ -154,6 +154,8 @@ else:
     print("GPU: none visible to torch")
 PY
     ls -l "$WHEELS"/
+    echo "sglang-jit provider: $(head -1 "${SGLANG_JIT_PATH:-.whl/sglang_jit}/SOURCE.txt" 2>/dev/null ||
+        echo 'not fetched (benchmarks/fetch_sglang_jit.sh)')"
     return "$install_rc"
 }
 

@@ -43,6 +43,7 @@ COMPILE = "torch.compile"
 LIGER = "liger"
 
 Inputs = dict[str, Any]
+GRIDS = ("default", "models", "quick")
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,6 +186,12 @@ def versions() -> dict[str, str]:
             out[dist] = version(dist)
         except PackageNotFoundError:
             out[dist] = "missing"
+    try:  # the sglang-jit provider's fetched tree (sglang_provider.py; a file read, no import)
+        from sglang_provider import version as sglang_jit_version
+
+        out["sglang-jit"] = sglang_jit_version() or "missing"
+    except ImportError:
+        pass
     return out
 
 
@@ -341,7 +348,14 @@ class OpResult:
 
 
 def _short(e: BaseException, limit: int = 160) -> str:
-    msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ").replace("|", "/")
+    """One line for a table cell: paths under the repo root made relative (results are committed),
+    and the root cause of a tvm-ffi tensor check (sglang's jit_kernel: "- Root cause: ...") first."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    cause = next((x for x in lines if x.startswith("- Root cause:")), None)
+    if cause:
+        lines = [cause.removeprefix("- "), *(x for x in lines if x is not cause)]
+    msg = f"{type(e).__name__}: {' '.join(lines)}".replace("|", "/")
+    msg = msg.replace(str(RESULTS_DIR.parent.parent) + "/", "")
     return msg if len(msg) <= limit else msg[: limit - 1] + "…"
 
 
@@ -611,6 +625,16 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
     ap.add_argument("--tokens", help="only these token counts (comma separated)")
     ap.add_argument("--providers", help="only these providers (comma separated)")
     ap.add_argument("--ops", help="only these ops (comma separated)")
+    ap.add_argument(
+        "--grid",
+        choices=GRIDS,
+        default="default",
+        help="default: the family's headline shapes; models: the grid of real models' shapes; "
+        "quick: a subset of that grid",
+    )
+    ap.add_argument(
+        "--series", help="only cases whose series contains one of these (comma separated)"
+    )
     ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
     ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")
     ap.add_argument("--max-copy-gib", type=float, default=16.0, help="cap on memory of copies")
@@ -673,12 +697,21 @@ def cells_json(family: str, results: Sequence[OpResult]) -> list[dict[str, Any]]
     ]
 
 
-def run_family(family: str, ops: Iterable[Op], argv: Sequence[str] | None = None) -> int:
-    """Benchmark a family; print the tables, write <family>.md and <family>.png. Returns an exit
-    code: 0, or 1 if a subject provider is missing or failed on some case. Without a CUDA GPU
-    (and without --dry-run) it prints a skip line and returns 0."""
+def run_family(
+    family: str,
+    ops: Iterable[Op] | Callable[[str], Iterable[Op]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Benchmark a family; print the tables, write <family>.md and <family>.png (<family>-<grid>
+    for the other grids). ``ops``: the ops, or a function of the grid name (``--grid``) returning
+    them. Returns an exit code: 0, or 1 if a subject provider is missing or failed on some case.
+    Without a CUDA GPU (and without --dry-run) it prints a skip line and returns 0."""
     args = parse_args(argv, family)
-    ops = list(ops)
+    ops = list(ops(args.grid) if callable(ops) else ops)
+    if args.series:
+        wanted_series = args.series.split(",")
+        for op in ops:
+            op.cases = [c for c in op.cases if any(w in c.series for w in wanted_series)]
     if args.ops:
         wanted = set(args.ops.split(","))
         unknown = wanted - {op.name for op in ops}
@@ -711,13 +744,14 @@ def run_family(family: str, ops: Iterable[Op], argv: Sequence[str] | None = None
     if write:
         out_dir = Path(args.out) if args.out else results_dir(machine)
         out_dir.mkdir(parents=True, exist_ok=True)
-        png = out_dir / f"{family}.png"
+        stem = family if args.grid == "default" else f"{family}-{args.grid}"
+        png = out_dir / f"{stem}.png"
         note = plot_family(png, family, results, ceiling[0] if ceiling else None)
         if png.exists():
-            text += f"\n![{family}]({family}.png)\n"
-        (out_dir / f"{family}.md").write_text(text)
+            text += f"\n![{family}]({stem}.png)\n"
+        (out_dir / f"{stem}.md").write_text(text)
         print(text)
-        print(f"written: {out_dir / (family + '.md')}; {note}")
+        print(f"written: {out_dir / (stem + '.md')}; {note}")
     else:
         print(text)
     if args.json:

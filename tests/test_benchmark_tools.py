@@ -96,3 +96,43 @@ def test_fused_quant_trace_says_it_needs_a_gpu():
     proc = run_tool("trace_quant_fused.py", "16384")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "needs a CUDA GPU" in proc.stderr
+
+
+def test_sglang_jit_provider_says_how_to_fetch_it(monkeypatch, tmp_path):
+    import sglang_provider
+
+    monkeypatch.setenv("SGLANG_JIT_PATH", str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=r"fetch_sglang_jit\.sh"):
+        sglang_provider.load_rmsnorm()
+    with pytest.raises(FileNotFoundError):  # a missing tree is the reason before a missing op
+        sglang_provider.load_gemma_rmsnorm()
+    assert harness.versions()["sglang-jit"] == "missing"
+
+
+def test_error_cells_put_the_root_cause_first_and_drop_the_repo_path():
+    root = BENCH.parent
+    err = RuntimeError(
+        f"Tensor match failed for Tensor<1, 1024> at {root}/x/kernel.cuh:134\n"
+        "- Root cause: Size mismatch for shape#1('hidden_size'): expected 4096 but got 1024"
+    )
+    cell = harness._short(err, limit=1000)
+    assert cell.startswith("RuntimeError: Root cause: Size mismatch for shape#1"), cell
+    assert str(root) not in cell and "at x/kernel.cuh:134" in cell, cell
+
+
+def test_eager_verdict_needs_six_us_and_sglang_beaten():
+    import bench_jit
+
+    assert bench_jit.eager_verdict(5.0, 6.0) == "met"
+    assert bench_jit.eager_verdict(5.0, None) == "met"
+    assert bench_jit.eager_verdict(6.5, None) == "NOT met: > 6 µs"
+    assert bench_jit.eager_verdict(5.0, 4.0) == "NOT met: slower than sglang"
+    assert bench_jit.eager_verdict(None, 4.0) == "no sgljit time"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without a GPU")
+def test_eager_table_says_why_it_skipped_without_a_gpu():
+    import bench_jit
+
+    text, failed = bench_jit.bench_eager(10)
+    assert "skipped (needs a CUDA GPU" in text and failed == []

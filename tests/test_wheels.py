@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,14 @@ def test_plugin_wheel_installs_offline_into_a_fresh_venv(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert "Warning" not in first.stderr, first.stderr
     assert " passed" in first.stdout.strip().splitlines()[-1]
+
+
+def test_every_wheel_is_typed_and_core_carries_the_plugin_templates():
+    wheels = sorted(Path(DIST).glob("sgljit*-0.1.0-py3-none-any.whl"))
+    assert any(w.name.startswith("sgljit-") for w in wheels), f"no sgljit wheel in {DIST}"
+    for wheel in wheels:
+        package = wheel.name.split("-")[0]  # sgljit, sgljit_norm, ...
+        names = zipfile.ZipFile(wheel).namelist()
+        assert f"{package}/py.typed" in names, f"{wheel.name} lacks {package}/py.typed"
+        if package == "sgljit":  # what `sgljit new-plugin` copies
+            assert "sgljit/templates/plugin/src/__package__/ops.py.tmpl" in names, names

@@ -1,4 +1,4 @@
-"""make_cpp_args, cache_once, backend selection and kernel_op dispatch."""
+"""make_cpp_args, cache_once and backend selection."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import sgljit
-from sgljit.op import kernel_op
 
 
 def test_make_cpp_args():
@@ -76,7 +75,7 @@ def test_cache_once_inside_torch_compile_fullgraph():
     assert calls == [3]
 
 
-def test_select_backend_defaults_and_overrides(monkeypatch):
+def test_select_backend_defaults_and_overrides():
     cpu = torch.zeros(1)
     assert sgljit.select_backend(cpu) == "reference"
     with sgljit.use_backend("sycl"):
@@ -88,66 +87,8 @@ def test_select_backend_defaults_and_overrides(monkeypatch):
         pytest.raises(ValueError, match="forced but the tensors are on cpu"),
     ):
         sgljit.select_backend(cpu)
-    monkeypatch.setenv("SGLJIT_BACKEND", "sycl")
-    assert sgljit.select_backend(cpu) == "sycl"
-    monkeypatch.setenv("SGLJIT_BACKEND", "tpu")
-    with pytest.raises(ValueError, match="SGLJIT_BACKEND='tpu'"):
-        sgljit.select_backend(cpu)
     with pytest.raises(ValueError, match="not one of"), sgljit.use_backend("metal"):
         pass
-
-
-calls: list[str] = []
-
-
-@kernel_op("test_scaled_copy", mutates_args=("out",))
-def scaled_copy(input: torch.Tensor, out: torch.Tensor, factor: float) -> None:
-    calls.append("reference")
-    out.copy_(input * factor)
-
-
-@scaled_copy.register("sycl")
-def _(input, out, factor):
-    calls.append("sycl")
-    out.copy_(input * factor)
-
-
-def test_kernel_op_dispatches_eagerly_without_the_custom_op():
-    calls.clear()
-    x, out = torch.randn(4), torch.empty(4)
-    scaled_copy(x, out, 2.0)
-    torch.testing.assert_close(out, x * 2)
-    with sgljit.use_backend("sycl"):
-        scaled_copy(x, out, 3.0)
-    torch.testing.assert_close(out, x * 3)
-    assert calls == ["reference", "sycl"]
-    assert hasattr(torch.ops.sgljit, "test_scaled_copy")
-
-
-def test_kernel_op_compiles_fullgraph_through_the_custom_op():
-    @torch.compile(fullgraph=True)
-    def f(x):
-        out = torch.empty_like(x)
-        scaled_copy(x, out, 4.0)
-        return out + 1
-
-    x = torch.randn(16)
-    torch.testing.assert_close(f(x), x * 4 + 1)
-
-
-def test_kernel_op_without_backend_says_so():
-    with sgljit.use_backend("cuda"), pytest.raises(ValueError, match="forced"):
-        scaled_copy(torch.zeros(1), torch.zeros(1), 1.0)
-    with pytest.raises(ValueError, match="not parameters"):
-        kernel_op("test_bad", mutates_args=("nope",))(lambda x: None)
-
-
-def test_kernel_op_refuses_parameter_names_torch_compile_reserves():
-    def body(input: torch.Tensor, out: torch.Tensor, mode: int) -> None:
-        out.copy_(input)
-
-    with pytest.raises(ValueError, match=r"\['mode'\] are reserved by torch.compile"):
-        kernel_op("test_reserved", mutates_args=("out",))(body)
 
 
 def test_as_dtype_accepts_dtypes_and_their_names():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -104,6 +105,142 @@ def test_tensor_matcher_errors_reach_python(cache_dir):
         module.add_into(torch.zeros(4, dtype=torch.int32), torch.zeros(4))
     with pytest.raises(ValueError, match=r"dst: stride of dimension 0 expected 1, got 2"):
         module.add_into(torch.zeros(4), torch.zeros(8)[::2])
+
+
+def load_matcher():
+    """kernels/matcher.h: wrappers that only run TensorMatcher on their arguments."""
+    return sgljit.load_jit(
+        "tensor_matcher",
+        cpp_files=["matcher.h"],
+        cpp_wrappers=[
+            ("rows", "MatchRows::run"),
+            ("contiguous", "MatchContiguous::run"),
+            ("on_cuda", "MatchOnCuda::run"),
+            ("read_unbound", "ReadUnbound::run"),
+            ("writable2", "MatchWritable2::run"),
+            ("writable3", "MatchWritable3::run"),
+            ("check_lazily", "CheckLazily::run"),
+        ],
+        source_dir=KERNELS,
+    )
+
+
+def test_tensor_matcher_messages_are_exact(cache_dir):
+    """The whole text of each TensorMatcher failure (symbols shown by name until bound, then by
+    value; fixed sizes; `*` for any)."""
+    m, z = load_matcher(), torch.zeros
+    cases = [
+        (m.rows, (z(3), z(3, 4)), "x: expected 2-D tensor of shape [rows, cols], got 1-D tensor"),
+        (m.rows, (z(3, 5), z(3, 4, 1)), "y: expected 2-D tensor of shape [3, 4], got 3-D tensor"),
+        (
+            m.rows,
+            (z(3, 5), z(2, 4)),
+            "y: dimension 0 expected 3 (rows), got 2 (shape pattern [3, 4])",
+        ),
+        (m.rows, (z(3, 5), z(3, 5)), "y: dimension 1 expected 4, got 5 (shape pattern [3, 4])"),
+        (
+            m.rows,
+            (z(3, 8)[:, ::2], z(3, 4)),
+            "x: stride of dimension 1 expected 1, got 2 (stride pattern [8, 1])",
+        ),
+        (
+            m.rows,
+            (z(3, 5), z(3, 8)[:, ::2]),
+            "y: stride of dimension 1 expected 1, got 2 (stride pattern [*, 1])",
+        ),
+        (
+            m.rows,
+            (z(3, 5, dtype=torch.int32), z(3, 4)),
+            "x: dtype expected one of {float32, float64}, got int32",
+        ),
+        (
+            m.rows,
+            (z(3, 5), z(3, 4, dtype=torch.float64)),
+            "y: dtype expected float32 (same as the tensors before it), got float64",
+        ),
+        (m.contiguous, (z(4, 4).t(),), "x: expected a contiguous tensor"),
+        (
+            m.contiguous,
+            (z(4, 4, dtype=torch.bfloat16),),
+            "x: dtype expected one of {float32}, got bfloat16",
+        ),
+        (m.on_cuda, (z(4),), "x: expected a tensor on cuda, got one on cpu:0"),
+        (m.read_unbound, (0,), "size 'k' was never bound"),
+        (m.read_unbound, (1,), "dtype was never bound"),
+        (m.read_unbound, (2,), "device was never bound"),
+    ]
+    for fn, args, message in cases:
+        with pytest.raises(ValueError) as info:
+            fn(*args)
+        assert str(info.value) == message
+    m.rows(z(3, 5), z(3, 4))  # and the same patterns accept what fits
+    m.rows(z(3, 8)[:, :5], z(3, 6)[:, 1:5])
+    m.contiguous(z(4, 4))
+
+
+def test_sgljit_check_builds_its_message_only_on_failure(cache_dir):
+    m = load_matcher()
+    assert m.check_lazily(False) == 0
+    with pytest.raises(ValueError) as info:
+        m.check_lazily(True)
+    assert str(info.value) == "check failed: the message"
+
+
+def shared_elements_message(shape, strides) -> str:
+    return (
+        f"out: sgljit writes it, but its elements may share memory (shape {list(shape)}, strides "
+        f"{list(strides)}: an expanded or otherwise self-overlapping view); pass a tensor whose "
+        "elements are distinct"
+    )
+
+
+def test_writable_refuses_views_whose_elements_share_memory(cache_dir):
+    m, z = load_matcher(), torch.zeros
+    refused = [
+        z(1, 8).expand(4, 8),  # expanded: stride 0
+        z(32).as_strided((4, 8), (4, 1)),  # rows overlap by half
+        z(8, 1).expand(8, 3),
+    ]
+    for t in refused:
+        with pytest.raises(ValueError) as info:
+            m.writable2(t)
+        assert str(info.value) == shared_elements_message(t.shape, t.stride())
+    t = z(4, 1, 8).expand(4, 3, 8)
+    with pytest.raises(ValueError) as info:
+        m.writable3(t)
+    assert str(info.value) == shared_elements_message(t.shape, t.stride())
+
+    accepted = [
+        z(4, 8),
+        z(4, 16)[:, 4:12],  # sliced
+        z(8, 4).t(),  # transposed
+        z(8, 16)[::2, ::3],  # stepped
+        z(1, 8).expand(1, 8),  # size-1 dimensions are ignored
+        z(1, 0).expand(4, 0),  # no elements
+        z(64).as_strided((4, 4), (1, 4)),  # column-major
+    ]
+    for t in accepted:
+        m.writable2(t)
+    m.writable3(z(2, 3, 4).permute(2, 0, 1))
+    m.writable3(z(4, 1, 8).expand(4, 1, 8))
+
+
+def test_writable_agrees_with_the_python_rule(cache_dir):
+    """Over random strided views of one buffer, the C++ check refuses exactly what kernel_op's
+    Python check (op._may_overlap, for non-contiguous tensors) refuses."""
+    from sgljit.op import _may_overlap
+
+    m, rng, base = load_matcher(), random.Random(0), torch.zeros(4096)
+    for _ in range(300):
+        shape = [rng.choice([1, 2, 3, 4, 5]) for _ in range(3)]
+        strides = [rng.choice([0, 1, 2, 3, 4, 5, 8, 12, 16, 20, 40, 60]) for _ in range(3)]
+        t = base.as_strided(shape, strides)
+        refused = not t.is_contiguous() and _may_overlap(t)
+        if refused:
+            with pytest.raises(ValueError, match="may share memory"):
+                m.writable3(t)
+        else:
+            m.writable3(t)
 
 
 def test_fresh_process_reuses_cache_without_compiling(cache_dir):

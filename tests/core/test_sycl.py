@@ -490,29 +490,27 @@ def test_cpu_tensors_select_sycl_only_when_forced():
 
 @needs_runtime
 @pytest.mark.sycl
-def test_kernel_op_runs_sycl_kernel_on_cpu_tensors_when_forced(kernels):
-    from sgljit.op import kernel_op
+def test_a_declared_op_runs_its_sycl_kernel_on_cpu_tensors_when_forced(kernels):
+    from sgljit.op import Family, Scalar, Sycl, Tensor
 
-    ran = []
-
-    @kernel_op("test_sycl_scale", mutates_args=("out",))
-    def scale_(x: torch.Tensor, out: torch.Tensor, factor: float) -> None:
-        ran.append("reference")
-        out.copy_(x * factor)
-
-    @scale_.register("sycl")
-    def _(x, out, factor):
-        ran.append("sycl")
-        fn = load_scale(kernels, x.dtype).get_function("scale", SCALE_ARGS)
+    def launch(module, key, x, out, factor):
+        fn = module.get_function("scale", SCALE_ARGS)
         fn(-(-x.numel() // 64) * 64, 64, x, out, factor, x.numel())
 
+    family = Family("test_sycl", kernels / "scale.hpp")
+    scale_ = family.op(
+        "test_sycl_scale",
+        args={"x": Tensor("n"), "out": Tensor("n", dtype="x", io="out"), "factor": Scalar(float)},
+        reference=lambda x, out, factor: out.copy_(x * factor),
+        sycl=Sycl("scale.hpp", key=lambda x, *_: {"SGLJIT_T": x.dtype}, launch=launch),
+    )
     x = torch.randn(100)
-    out = torch.empty_like(x)
-    scale_(x, out, 3.0)
+    out = torch.full_like(x, float("nan"))
     with sgljit.use_backend("sycl"):
         scale_(x, out, 3.0)
-    assert ran == ["reference", "sycl"]
-    torch.testing.assert_close(out, x * 3.0, rtol=0, atol=0)
+        torch.testing.assert_close(out, x * 3.0, rtol=0, atol=0)
+        scale_(x, out, 2.0)
+    assert len(family._modules) == 1  # one module, built once and memoized
 
 
 @needs_runtime

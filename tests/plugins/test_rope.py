@@ -1,9 +1,13 @@
-"""sgljit-rope: apply_rope and apply_rope_with_kv_cache on every backend.
+"""sgljit-rope: apply_rope and apply_rope_with_kv_cache on every backend, beyond the conformance
+suite (tests/plugins/test_conformance.py: the ops' declared cases, bad inputs generated from their
+specs, torch.compile and CUDA graphs).
 
 The oracle is written here from the formula in float64 (not from another library). Backends:
-"reference" everywhere, "sycl" on the SYCL CPU device (CPU tensors), "cuda" on a GPU. On the GPU:
-odd token counts, strided views into a qkv buffer, misaligned views (narrower vectors), poisoned
-caches, out-of-range indices, torch.compile(fullgraph=True) and CUDA-graph capture.
+"reference" everywhere, "sycl" on the SYCL CPU device (CPU tensors), "cuda" on a GPU. Here: the
+public functions (flattened [T, H * D] views, head_dim=, rotary_dim=, index checks), head counts
+that are not a multiple of a work item's, many tokens, partial rotary leaving the other dims
+bit-exact, out-of-range indices, caches as views into a bigger buffer, misaligned views (narrower
+vectors), and the CUDA modules compiled for sm_90a.
 """
 
 from __future__ import annotations
@@ -183,12 +187,12 @@ def test_out_of_range_positions_leave_tokens_unrotated(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_check_indices_env_raises_naming_first_bad(backend, monkeypatch):
+def test_check_indices_raises_naming_first_bad(backend, monkeypatch):
     dev = device_of(backend)
     cache = make_cache(10, 64, dev)
     q, k = torch.randn(5, 2, 64, device=dev), torch.randn(5, 1, 64, device=dev)
     pos = torch.tensor([0, 3, 12, -1, 2], device=dev)
-    monkeypatch.setenv("SGLJIT_CHECK_INDICES", "1")
+    monkeypatch.setattr(ops, "_CHECK_INDICES", True)  # SGLJIT_CHECK_INDICES=1 at import
     with using(backend), pytest.raises(IndexError, match=r"positions\[2\] = 12"):
         sgljit.ops.apply_rope(q, k, cache, pos)
     v = torch.randn(5, 1, 64, device=dev)
@@ -196,6 +200,19 @@ def test_check_indices_env_raises_naming_first_bad(backend, monkeypatch):
     loc = torch.tensor([0, 1, 2, 3, 4], device=dev)
     with using(backend), pytest.raises(IndexError, match=r"out_loc\[4\] = 4"):
         sgljit.ops.apply_rope_with_kv_cache(q, k, v, kc, vc, cache, pos.clamp(0, 9), loc)
+    monkeypatch.setattr(ops, "_CHECK_INDICES", False)  # unchecked: the bad ones are skipped
+    with using(backend):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+
+
+def test_check_indices_is_read_at_import():
+    from tests.conftest import run_python
+
+    code = "from sgljit_rope import ops; print(ops._CHECK_INDICES)"
+    for value, expected in (("1", "True"), ("0", "False"), ("", "False")):
+        result = run_python(code, env={"SGLJIT_CHECK_INDICES": value})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split()[-1] == expected
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,7 +288,8 @@ def test_kv_cache_out_of_range_and_strided(backend):
 
 
 # --------------------------------------------------------------------------------------------
-# Bad inputs
+# Bad inputs the public functions and the ops' own rules add to what the conformance suite
+# generates from the specs (shapes, dtypes, strides, devices, overlap, grad)
 
 
 def _args(dev="cpu", T=4, D=64):
@@ -283,73 +301,106 @@ def _args(dev="cpu", T=4, D=64):
     )
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "mutate, exc, match",
     [
-        (lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"].half()}, TypeError, "cos_sin_cache"),
-        (lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][0]}, ValueError, "cos_sin_cache"),
-        (lambda a: {**a, "positions": a["positions"].float()}, TypeError, "positions"),
-        (lambda a: {**a, "positions": a["positions"][:3]}, ValueError, "positions"),
-        (lambda a: {**a, "k": a["k"].double()}, TypeError, "k"),
-        (lambda a: {**a, "q": a["q"].int()}, TypeError, "q"),
-        (lambda a: {**a, "rotary_dim": 63}, ValueError, "rotary_dim"),
-        (lambda a: {**a, "rotary_dim": 32}, ValueError, "rotary_dim"),
-        (lambda a: {**a, "cos_sin_cache": make_cache(16, 66, "cpu")}, ValueError, "rotary_dim"),
-        (lambda a: {**a, "q": a["q"].flatten(1)[:, :100]}, ValueError, "q"),
-        (lambda a: {**a, "q": torch.randn(4, 2, 128)[:, :, ::2]}, ValueError, "q: the last dim"),
-        (lambda a: {**a, "q": a["q"].transpose(1, 2)}, ValueError, "head_dim"),
-        (lambda a: {**a, "q": [1, 2]}, TypeError, "q"),
+        (lambda a: {**a, "rotary_dim": 63}, ValueError, "^rotary_dim: 63 does not match"),
+        (lambda a: {**a, "rotary_dim": 32}, ValueError, "^rotary_dim: 32 does not match"),
+        (lambda a: {**a, "rotary_dim": 64.0}, TypeError, "^rotary_dim: expected an int"),
+        (
+            lambda a: {**a, "cos_sin_cache": make_cache(16, 66, a["q"].device)},
+            ValueError,
+            r"^cos_sin_cache: its width 66 \(rotary_dim\) exceeds head_dim 64",
+        ),
+        (
+            lambda a: {**a, "cos_sin_cache": torch.zeros(16, 63, device=a["q"].device)},
+            ValueError,
+            r"^cos_sin_cache: its width 63 \(rotary_dim\) must be a positive even number",
+        ),
+        (
+            lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]},
+            ValueError,
+            "^cos_sin_cache: has no rows",
+        ),
+        (
+            lambda a: {**a, "q": a["q"].flatten(1)[:, :100], "head_dim": 64},
+            ValueError,
+            "^q: width 100 of a flattened",
+        ),
+        (
+            lambda a: {**a, "head_dim": 32},
+            ValueError,
+            "^q: head size 64 does not match head_dim 32",
+        ),
+        (lambda a: {**a, "head_dim": 0}, ValueError, "^head_dim: expected a positive int"),
+        (lambda a: {**a, "q": a["q"][None]}, ValueError, r"^q: expected \[T, H, D\] or"),
         # flattened q and k: the head size cannot be read (with partial rotary, heads as wide as
         # the cache would be rotated: silently wrong)
         (lambda a: {**a, "q": a["q"].flatten(1), "k": a["k"].flatten(1)}, ValueError, "head_dim="),
-        (lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]}, ValueError, "cos_sin_cache"),
+        (lambda a: {**a, "q": [1, 2]}, TypeError, "^q: expected a torch.Tensor"),
+        (lambda a: {**a, "positions": [0, 1, 2, 3]}, TypeError, "^positions: expected a torch"),
+        (lambda a: {**a, "is_neox": 1}, TypeError, "^is_neox: expected bool"),
     ],
 )
-def test_bad_inputs_apply_rope(mutate, exc, match):
-    q, k, cache, pos = _args()
+def test_bad_inputs_apply_rope(backend, mutate, exc, match):
+    q, k, cache, pos = _args(device_of(backend))
     a = mutate({"q": q, "k": k, "cos_sin_cache": cache, "positions": pos})
-    with pytest.raises(exc, match=match):
+    with using(backend), pytest.raises(exc, match=match):
         sgljit.ops.apply_rope(**a)
 
 
-def test_odd_rotary_cache_width_rejected():
-    q, k, _, pos = _args()
-    with pytest.raises(ValueError, match="rotary_dim"):
-        sgljit.ops.apply_rope(q, k, torch.zeros(16, 63), pos)
-
-
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "mutate, exc, match",
     [
-        (lambda a: {**a, "k_cache": torch.zeros(8, 2, 64)}, ValueError, "k_cache"),
-        (lambda a: {**a, "k_cache": torch.zeros(8, 1, 32)}, ValueError, "k_cache"),
-        (lambda a: {**a, "v_cache": torch.zeros(9, 1, 64)}, ValueError, "v_cache"),
-        (lambda a: {**a, "k_cache": a["k_cache"].half()}, TypeError, "k_cache"),
-        (lambda a: {**a, "out_loc": a["out_loc"].float()}, TypeError, "out_loc"),
-        (lambda a: {**a, "out_loc": a["out_loc"][:2]}, ValueError, "out_loc"),
-        (lambda a: {**a, "v": a["v"][:, :, :32]}, ValueError, "v"),
-        (lambda a: {**a, "v": None}, TypeError, "v"),
+        (lambda a: {**a, "v": None}, TypeError, "^v: expected a torch.Tensor"),
+        (lambda a: {**a, "out_loc": [0, 1, 2, 3]}, TypeError, "^out_loc: expected a torch"),
+        (
+            lambda a: {
+                **a,
+                "q": a["q"].flatten(1),
+                "k": a["k"].flatten(1),
+                "k_cache": a["k_cache"].flatten(1),
+            },
+            ValueError,
+            "^q: q, k and k_cache are all flattened",
+        ),
+        (lambda a: {**a, "v": a["v"].flatten(1)[:, :48]}, ValueError, "^v: width 48 of a flat"),
+        (
+            lambda a: {**a, "cos_sin_cache": make_cache(16, 128, a["q"].device)},
+            ValueError,
+            r"^cos_sin_cache: its width 128 \(rotary_dim\) exceeds head_dim 64",
+        ),
     ],
 )
-def test_bad_inputs_kv_cache(mutate, exc, match):
-    q, k, cache, pos = _args()
+def test_bad_inputs_kv_cache(backend, mutate, exc, match):
+    dev = device_of(backend)
+    q, k, cache, pos = _args(dev)
     a = {
         "q": q,
         "k": k,
         "v": torch.randn_like(k),
-        "k_cache": torch.zeros(8, 1, 64),
-        "v_cache": torch.zeros(8, 1, 64),
+        "k_cache": torch.zeros(8, 1, 64, device=dev),
+        "v_cache": torch.zeros(8, 1, 64, device=dev),
         "cos_sin_cache": cache,
         "positions": pos,
-        "out_loc": torch.arange(4),
+        "out_loc": torch.arange(4, device=dev),
     }
-    with pytest.raises(exc, match=match):
+    with using(backend), pytest.raises(exc, match=match):
         sgljit.ops.apply_rope_with_kv_cache(**mutate(a))
 
 
-def test_zero_tokens_is_a_no_op():
-    q, k, cache, _ = _args(T=0)
-    sgljit.ops.apply_rope(q, k, cache, torch.zeros(0, dtype=torch.int64))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_tokens_is_a_no_op(backend):
+    dev = device_of(backend)
+    q, k, cache, _ = _args(dev, T=0)
+    pos = torch.zeros(0, dtype=torch.int64, device=dev)
+    kc = torch.full((8, 1, 64), float("nan"), device=dev)
+    with using(backend):
+        sgljit.ops.apply_rope(q, k, cache, pos)
+        sgljit.ops.apply_rope_with_kv_cache(q, k, k, kc, kc.clone(), cache, pos, pos)
+    assert kc.isnan().all()
 
 
 def test_custom_op_traces_on_cpu():
@@ -370,13 +421,53 @@ def test_custom_op_traces_on_cpu():
 # CUDA: compile in CI (no GPU needed), then GPU-only behaviour
 
 
-def _load(spec):
-    if spec[0] == "rope":
-        return ops.cuda_module(*spec[1:])
-    return ops.cuda_kv_module(*spec[1:])
+def _key_of(op_name: str, args: tuple) -> dict:
+    """The CUDA module an argument list needs, as a ``family.prebuild`` entry (dtypes by name)."""
+    key = ops.family.ops[op_name].cuda.key(*args)
+    return {"op": op_name, **{k: _name(v) for k, v in key.items()}}
 
 
-def test_cuda_compiles(tmp_path_factory, monkeypatch):
+def _name(value):
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
+def _cuda_specs() -> list[dict]:
+    """The main specializations of the bench and the GPU tests, one per module, each a distinct
+    code path: bf16 neox and gptj (whole pairs per vector), fp16 with int32 positions at head size
+    80, fp32 (4-element vectors), an odd head size (1-element vectors); the KV variant full and
+    partial rotary."""
+
+    def rope(dtype, D, rot, neox, idx, Hq=6, Hk=3):
+        q, k = torch.empty(3, Hq, D, dtype=dtype), torch.empty(3, Hk, D, dtype=dtype)
+        return _key_of(
+            "apply_rope", (q, k, make_cache(8, rot, "cpu"), torch.zeros(3, dtype=idx), neox)
+        )
+
+    def kv(dtype, D, rot, neox, idx, loc):
+        q, k = torch.empty(3, 5, D, dtype=dtype), torch.empty(3, 3, D, dtype=dtype)
+        kc = torch.empty(16, 3, D, dtype=dtype)
+        pos, out_loc = torch.zeros(3, dtype=idx), torch.zeros(3, dtype=loc)
+        args = (q, k, k, kc, kc, make_cache(8, rot, "cpu"), pos, out_loc, neox)
+        return _key_of("apply_rope_with_kv_cache", args)
+
+    return [
+        rope(torch.bfloat16, 128, 128, True, torch.int64),
+        rope(torch.bfloat16, 128, 128, False, torch.int64),
+        rope(torch.float16, 80, 80, False, torch.int32),
+        rope(torch.float32, 64, 64, False, torch.int64),
+        rope(torch.float32, 65, 32, False, torch.int64),
+        kv(torch.bfloat16, 128, 128, True, torch.int64, torch.int64),
+        kv(torch.float16, 128, 64, False, torch.int32, torch.int32),
+    ]
+
+
+def test_cuda_specs_are_the_fast_paths():
+    specs = _cuda_specs()
+    assert [s["vec"] for s in specs] == [8, 8, 8, 4, 1, 8, 8]
+    assert specs[0] in ops.family.prebuild_specs("cuda")  # the bench's module is prebuilt
+
+
+def test_cuda_compiles(tmp_path, monkeypatch):
     from sgljit.toolchain import find_nvcc
 
     if find_nvcc() is None:
@@ -384,24 +475,13 @@ def test_cuda_compiles(tmp_path_factory, monkeypatch):
     if HAS_CUDA:
         pytest.skip("the GPU tests build these modules for the GPU's own arch")
     monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
-    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path_factory.mktemp("rope_cuda_cache")))
-    ops.cuda_module.cache_clear()
-    ops.cuda_kv_module.cache_clear()
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
+    ops.family.clear()
     try:
-        # the bench's and the GPU tests' main specializations
-        for spec in (
-            ("rope", torch.bfloat16, torch.int64, 128, True, 8),
-            ("rope", torch.float32, torch.int64, 64, False, 4),
-            ("rope", torch.float16, torch.int32, 80, False, 8),
-            ("kv", torch.bfloat16, torch.int64, torch.int64, 128, 128, True, 8),
-            ("kv", torch.float16, torch.int32, torch.int32, 128, 64, False, 8),
-        ):
-            assert hasattr(
-                _load(spec), "apply_rope" if spec[0] == "rope" else "apply_rope_with_kv_cache"
-            )
+        for spec in _cuda_specs():
+            assert getattr(ops.family.prebuild("cuda", **spec), spec["op"]) is not None
     finally:
-        ops.cuda_module.cache_clear()
-        ops.cuda_kv_module.cache_clear()
+        ops.family.clear()
 
 
 @pytest.mark.gpu
@@ -416,7 +496,7 @@ def test_cuda_misaligned_views_use_narrower_vectors():
         before = buf.clone()
         q = buf[:, shift : shift + Hq * D]
         k = buf[:, shift + Hq * D :]
-        assert ops._pick_vec((q.view(T, Hq, D), k.view(T, Hk, D)), cache, D, D) == shift
+        assert ops._pick_vec((q.view(T, Hq, D), k.view(T, Hk, D)), cache, 500, D, D) == shift
         sgljit.ops.apply_rope(q, k, cache, pos, head_dim=D)
         assert_close(
             q.view(T, Hq, D),
@@ -478,60 +558,39 @@ def test_cuda_torch_compile_fullgraph():
         torch.testing.assert_close(a, b, equal_nan=True)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-def test_cuda_graph_capture_and_replay():
-    torch.manual_seed(9)
-    T, Hq, Hk, D = 5, 32, 8, 128
-    cache = make_cache(4096, D, "cuda")
-    pos = torch.zeros(T, dtype=torch.int64, device="cuda")
-    loc = torch.zeros(T, dtype=torch.int64, device="cuda")
-    q = torch.empty(T, Hq, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.empty(T, Hk, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.empty_like(k)
-    q2 = torch.empty_like(q)
-    kc = torch.empty(100, Hk, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.empty_like(kc)
-    # warm up (builds the modules) on a side stream, then capture
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        sgljit.ops.apply_rope(q, k, cache, pos)
-        sgljit.ops.apply_rope_with_kv_cache(q2, k, v, kc, vc, cache, pos, loc)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        sgljit.ops.apply_rope(q, k, cache, pos)
-        sgljit.ops.apply_rope_with_kv_cache(q2, k, v, kc, vc, cache, pos, loc)
-    for _ in range(3):
-        q.copy_(torch.randn_like(q))
-        k.copy_(torch.randn_like(k))
-        v.copy_(torch.randn_like(v))
-        q2.copy_(torch.randn_like(q2))
-        kc.fill_(float("nan"))
-        vc.fill_(float("nan"))
-        pos.copy_(torch.randint(0, 4096, (T,)))
-        loc.copy_(torch.randperm(100)[:T])
-        q0, k0, q20 = q.clone(), k.clone(), q2.clone()
-        g.replay()
-        torch.cuda.synchronize()
-        assert_close(q, oracle(q0, cache, pos, True), torch.bfloat16)
-        assert_close(k, oracle(k0, cache, pos, True), torch.bfloat16)
-        assert_close(q2, oracle(q20, cache, pos, True), torch.bfloat16)
-        # k was rotated in place by the first op, then stored rotated again by the second
-        assert_close(kc[loc], oracle(k, cache, pos, True), torch.bfloat16)
-        assert torch.equal(vc[loc], v)
+def test_prebuild_specs():
+    """The fleet grid: bf16/fp16, int64 indices, 16-byte vectors; apply_rope both styles at
+    rotary_dim 64/128/256, the KV variant neox at (head_dim, rotary_dim) (64, 64), (128, 128),
+    (128, 64), (256, 256), (512, 64); SYCL one module (both kernels) per (head_dim, rotary_dim) and
+    style. Each entry is the key a call with aligned tensors of its shape computes: the same values
+    in the same order (the order names the module)."""
+    cuda, sycl = ops.family.prebuild_specs("cuda"), ops.family.prebuild_specs("sycl")
+    assert (len(cuda), len(sycl)) == (2 * 3 * 2 + 2 * 5, 2 * 5 * 2)
+    assert all(s["vec"] == 8 for s in cuda) and all(s["ROPE_VEC"] == 8 for s in sycl)
+    as_items = [list(s.items()) for s in cuda + sycl]
+    heads = ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64))
+    for dtype in (torch.bfloat16, torch.float16):
+        for head_dim, rot in heads:
+            qk = torch.randn(3, 6, head_dim, dtype=dtype)
+            q, k = qk[:, :4], qk[:, 4:]  # views into one buffer
+            cache, pos = make_cache(4, rot, "cpu"), torch.zeros(3, dtype=torch.int64)
+            kv = (q, k, k, k.clone(), k.clone(), cache, pos, pos)
+            assert list(_key_of("apply_rope_with_kv_cache", (*kv, True)).items()) in as_items
+            for neox in (True, False):
+                rope = (q[..., :rot].contiguous(), k[..., :rot].contiguous(), cache, pos, neox)
+                assert list(_key_of("apply_rope", rope).items()) in as_items
+                key = ops.family.ops["apply_rope_with_kv_cache"].sycl.key(*kv, neox)
+                named = {"op": "apply_rope_with_kv_cache", **{k: _name(v) for k, v in key.items()}}
+                assert list(named.items()) in as_items
+                if head_dim == rot:
+                    assert ops.family.ops["apply_rope"].sycl.key(*rope) == key
+    with pytest.raises(ValueError, match="has no 'rocm' kernel"):
+        ops.family.prebuild("rocm", op="apply_rope")
 
 
-def test_prebuild_specs_resolve():
-    import inspect
-
-    for backend in ("cuda", "sycl"):
-        specs = ops.prebuild_specs(backend)
-        assert specs and all("op" in s for s in specs)
-        for spec in specs:  # every spec binds to its loader's signature
-            loader = {"apply_rope": ops.cuda_module, "apply_rope_with_kv_cache": ops.cuda_kv_module,
-                      "rope": ops.sycl_module}[spec["op"]]  # fmt: skip
-            inspect.signature(loader).bind(**{k: v for k, v in spec.items() if k != "op"})
-    with pytest.raises(ValueError, match="no 'sycl' module"):
-        ops.prebuild("sycl", "apply_rope")
+def test_ops_resolve_through_sgljit():
+    assert sgljit.ops.apply_rope is ops.apply_rope
+    assert sgljit.ops.apply_rope_with_kv_cache is ops.apply_rope_with_kv_cache
+    assert {"apply_rope", "apply_rope_with_kv_cache"} <= set(ops.family.ops)
+    for name in ops.family.ops:
+        assert hasattr(torch.ops.sgljit, name)

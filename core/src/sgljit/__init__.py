@@ -6,7 +6,8 @@
 
 Kernels live in plugins and are called as ``sgljit.ops.<name>(...)``. Building blocks for writing
 kernels: :func:`load_jit` (CUDA/C++ through tvm-ffi), :func:`load_jit_sycl` (SYCL), :func:`make_cpp_args`,
-:func:`cache_once`, :func:`kernel_op`. Heavy imports (torch, tvm-ffi) happen on first use.
+:func:`cache_once`, and :mod:`sgljit.op` (declaring ops: ``Family``, ``Tensor``, ``Scalar``, ``Cuda``,
+``Sycl``, ``Case``). Heavy imports (torch, tvm-ffi) happen on first use.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__ = [
     "__version__",
     "cache_once",
     "clear_module_cache",
-    "kernel_op",
     "load_jit",
     "load_jit_sycl",
     "make_cpp_args",
@@ -42,7 +42,6 @@ _LAZY = {
     "load_jit": ("cuda", "load_jit"),
     "load_jit_sycl": ("sycl", "load_jit_sycl"),
     "clear_module_cache": ("cache", "clear_module_cache"),
-    "kernel_op": ("op", "kernel_op"),
     "select_backend": ("backend", "select_backend"),
     "use_backend": ("backend", "use_backend"),
     "ops": ("ops", None),

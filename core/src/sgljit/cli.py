@@ -1,4 +1,5 @@
-"""The ``sgljit`` command: ``info``, ``cache path|list|clear``, ``clangd``, ``check``, ``build``."""
+"""The ``sgljit`` command: ``info``, ``cache path|list|clear``, ``clangd``, ``check``, ``build``,
+``new-plugin``."""
 
 from __future__ import annotations
 
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     clangd = sub.add_parser("clangd", help="write a .clangd for editing kernels")
     clangd.add_argument("--output", default=".clangd")
     clangd.set_defaults(fn=cmd_clangd)
+    from . import scaffold
+
+    scaffold.add_parser(sub)
     try:
         from . import check
 

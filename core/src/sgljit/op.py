@@ -53,6 +53,10 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 RESERVED_PARAMETERS = frozenset({"mode", "self"})
 LAYOUTS = ("rows", "contiguous", "strided")
 IO = ("in", "out", "inout")
+# Op name -> the family that declared it. torch.ops.sgljit.<name> is one per process, and a second
+# custom op of a name silently replaces the first (the first op's custom op, and torch.compile of
+# it, would run the second's code), so a second family declaring a name is refused.
+_DECLARED: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,11 +176,11 @@ class Op:
         if not tensors or next(iter(args)) != tensors[0]:
             raise ValueError(f"op {name!r}: the first argument must be a tensor")
         for n, a in args.items():
-            if isinstance(a, Tensor) and isinstance(a.dtype, str):
-                if a.dtype not in tensors or tensors.index(a.dtype) >= tensors.index(n):
-                    raise ValueError(
-                        f"op {name!r}: {n}'s dtype refers to {a.dtype!r}, not an earlier tensor"
-                    )
+            refers = isinstance(a, Tensor) and isinstance(a.dtype, str)
+            if refers and (a.dtype not in tensors or tensors.index(a.dtype) >= tensors.index(n)):
+                raise ValueError(
+                    f"op {name!r}: {n}'s dtype refers to {a.dtype!r}, not an earlier tensor"
+                )
         self.family, self.name = family, name
         self.args = dict(args)
         self.params = tuple(args)
@@ -201,11 +205,17 @@ class Op:
         def dispatch(*a, **kw):
             self._dispatch(*self._positional(a, kw))
 
+        owner = _DECLARED.setdefault(name, family.name)
+        if owner != family.name:
+            raise ValueError(
+                f"op {name!r} of family {family.name!r}: family {owner!r} declared it already, "
+                f"and torch.ops.{NAMESPACE}.{name} is one per process; rename one of them"
+            )
         dispatch.__signature__ = self.signature  # type: ignore[attr-defined]
         dispatch.__name__ = name
-        self.custom_op = torch.library.custom_op(
-            f"{NAMESPACE}::{name}", mutates_args=self.writes
-        )(dispatch)
+        self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=self.writes)(
+            dispatch
+        )
         self.custom_op.register_fake(lambda *a, **kw: None)
 
     def __repr__(self) -> str:
@@ -230,15 +240,17 @@ class Op:
     def _dispatch(self, *args) -> None:
         first = args[0]
         if not isinstance(first, torch.Tensor):
-            raise TypeError(f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}")
+            raise TypeError(
+                f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}"
+            )
         backend = _backend.select_backend(first)
         if backend != "reference" and torch.is_grad_enabled():
             self._refuse_grad(backend, args)
         if backend == "cuda":
-            key = self.cuda.key(*args) if self.cuda is not None else None
-            fn = self._cuda_fns.get(_freeze(key))
-            if fn is None:
-                fn = self._cuda_function(key)
+            try:
+                fn = self._cuda_fns[tuple(self.cuda.key(*args).values())]
+            except Exception:  # a new specialization, no CUDA kernel, or a key that cannot be read
+                fn = self._cuda_miss(args)
             try:
                 fn(*args)
             except TypeError as err:  # tvm-ffi names the argument by position only
@@ -298,11 +310,15 @@ class Op:
                 )
 
     # -- modules ---------------------------------------------------------------------------------
-    def _cuda_function(self, key: Mapping[str, Any] | None):
+    def _cuda_miss(self, args: tuple):
+        """The CUDA function for ``args`` on a memo miss: the arguments are checked in Python first,
+        so nothing is compiled for arguments the op refuses."""
         if self.cuda is None:
             raise NotImplementedError(f"sgljit::{self.name} has no cuda implementation")
+        self.check_arguments(args)
+        key = self.cuda.key(*args)
         fn = getattr(self.family.cuda_module(self.cuda.module or self.name, key), self.name)
-        self._cuda_fns[_freeze(key)] = fn
+        self._cuda_fns[tuple(key.values())] = fn
         return fn
 
     def _sycl_module(self, key: Mapping[str, Any]):
@@ -376,8 +392,8 @@ def _sym(name: str) -> str:
     return "size_" + "".join(c if c.isalnum() else "_" for c in name)
 
 
-def _freeze(key: Mapping[str, Any] | None) -> tuple:
-    return tuple(key.items()) if key else ()
+def _freeze(key: Mapping[str, Any]) -> tuple:
+    return tuple(key.items())
 
 
 def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
@@ -485,7 +501,7 @@ class Family:
             and (getattr(op, backend).module or op.name) == module
         ]
 
-    def cuda_module(self, module: str, key: Mapping[str, Any] | None):
+    def cuda_module(self, module: str, key: Mapping[str, Any]):
         """The compiled CUDA module ``module`` for template parameters ``key`` (memoized)."""
         from .cuda import load_jit
 
@@ -496,7 +512,7 @@ class Family:
         with self._lock:
             if frozen in self._modules:
                 return self._modules[frozen]
-            values = {k: _cpp_literal(v) for k, v in (key or {}).items()}
+            values = {k: _cpp_literal(v) for k, v in key.items()}
             members = self._members("cuda", module)
             files = sorted({op.cuda.file for op in members})
             checks, wrappers = [], []

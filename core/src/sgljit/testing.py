@@ -89,7 +89,13 @@ def families(plugins: Iterable[str] | None = None) -> list[Family]:
             continue
         target = (plugin.manifest or {}).get("family")
         if plugin.error is None and target:
-            found.append(load_target(target))
+            family = load_target(target)
+            if family.name != plugin.name:
+                raise LookupError(
+                    f"plugin {plugin.distribution}: its manifest is named {plugin.name!r} but its "
+                    f"family ({target}) {family.name!r}; give both the same name"
+                )
+            found.append(family)
     missing = (wanted or set()) - {f.name for f in found}
     if missing:
         raise LookupError(f"no installed plugin declares a family named {sorted(missing)}")
@@ -164,7 +170,9 @@ def check_numerics(op: Op, backend: str, device: torch.device) -> None:
             result, expected = run_case(op, case, device)
             _sync(device)
             error = max_error(result, expected)
-            assert error <= case.tol, f"{op.name} {case.name} on {backend}: error {error} > {case.tol}"
+            assert error <= case.tol, (
+                f"{op.name} {case.name} on {backend}: error {error} > {case.tol}"
+            )
 
 
 # -- bad inputs ----------------------------------------------------------------------------------
@@ -211,13 +219,19 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
         found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))
         found.append((f"{name} with an extra dimension", replaced(i, t.unsqueeze(0)), name))
         wrong = _wrong_dtype(spec, t.dtype)
-        found.append((f"{name} of dtype {wrong}", replaced(i, _blank(t.shape, wrong, device)), name))
+        found.append(
+            (f"{name} of dtype {wrong}", replaced(i, _blank(t.shape, wrong, device)), name)
+        )
         for d, size in enumerate(spec.shape):
             if isinstance(size, str) and size in bound:
                 shape = list(t.shape)
                 shape[d] += 1
                 found.append(
-                    (f"{name} disagreeing on {size}", replaced(i, _blank(shape, t.dtype, device)), name)
+                    (
+                        f"{name} disagreeing on {size}",
+                        replaced(i, _blank(shape, t.dtype, device)),
+                        name,
+                    )
                 )
         bound.update(s for s in spec.shape if isinstance(s, str))
         if spec.layout != "strided" and t.shape[-1] > 1:
@@ -343,7 +357,14 @@ def conformance(*plugins: str) -> Any:
 
     marks = {"sycl": [pytest.mark.sycl], "cuda": [pytest.mark.gpu]}
     params = [
-        pytest.param(op, backend, device, check, id=f"{op.name}-{backend}-{check}", marks=marks.get(backend, []))
+        pytest.param(
+            op,
+            backend,
+            device,
+            check,
+            id=f"{op.name}-{backend}-{check}",
+            marks=marks.get(backend, []),
+        )
         for family in families(plugins or None)
         for op in family.ops.values()
         for backend, device in available_backends()

@@ -30,7 +30,22 @@ family = Family("norm", __file__)
 HEAD_DIMS = (64, 128, 256, 512, 1024)
 _MAX_VECS_PER_ROW = 4096  # csrc/norm.cuh kMaxVecsPerRow
 _FLEET_DTYPES = (torch.bfloat16, torch.float16)
-_FLEET_HIDDENS = (1024, 2048, 2304, 2560, 3072, 3584, 3840, 4096, 5120, 5376, 6144, 7168, 8192, 16384)
+_FLEET_HIDDENS = (
+    1024,
+    2048,
+    2304,
+    2560,
+    3072,
+    3584,
+    3840,
+    4096,
+    5120,
+    5376,
+    6144,
+    7168,
+    8192,
+    16384,
+)
 _FLEET_HEAD_DIMS = (64, 128, 256)
 _FLEET_ACROSS = ((2048, 512), (4096, 1024), (5120, 1024), (6144, 1024))
 
@@ -96,7 +111,17 @@ def _launch_rmsnorm(module, key, input, weight, out, eps: float, w_offset: float
 def _launch_fused(module, key, input, residual, weight, eps: float, w_offset: float) -> None:
     fn = module.get_function("fused_add_rmsnorm", ("ptr", "ptr", "ptr", "i64", "i64", "f32", "f32"))
     wg = key["NORM_WG"]
-    fn(input.shape[0] * wg, wg, input, residual, weight, input.stride(0), residual.stride(0), w_offset, eps)
+    fn(
+        input.shape[0] * wg,
+        wg,
+        input,
+        residual,
+        weight,
+        input.stride(0),
+        residual.stride(0),
+        w_offset,
+        eps,
+    )
 
 
 def _launch_heads(module, key, x, weight, eps: float) -> None:
@@ -130,7 +155,12 @@ def _row_cases(fused: bool) -> list[Case]:
 
         if fused:
             return rand(tokens, hidden), rand(tokens, hidden), rand(hidden), 1e-6
-        return rand(tokens, hidden), rand(hidden), torch.empty(tokens, hidden, device=device, dtype=dtype), 1e-6
+        return (
+            rand(tokens, hidden),
+            rand(hidden),
+            torch.empty(tokens, hidden, device=device, dtype=dtype),
+            1e-6,
+        )
 
     return [
         Case(f"{t}x{h} {_dtype_name(dt)}", lambda dev, t=t, h=h, dt=dt: make(dev, t, h, dt), tol)
@@ -145,9 +175,13 @@ def _qk_cases(across: bool) -> list[Case]:
         q, k = qkv[:, : 8 * 128], qkv[:, 8 * 128 : 10 * 128]
         if not across:
             q, k = q.unflatten(1, (8, 128)), k.unflatten(1, (2, 128))
-        return q, k, torch.randn(q.shape[-1], device=device, dtype=dtype), torch.randn(
-            k.shape[-1], device=device, dtype=dtype
-        ), 1e-6
+        return (
+            q,
+            k,
+            torch.randn(q.shape[-1], device=device, dtype=dtype),
+            torch.randn(k.shape[-1], device=device, dtype=dtype),
+            1e-6,
+        )
 
     shape = "5x(8+2)*128" if across else "5x(8+2)x128"
     return [
@@ -176,7 +210,9 @@ _ROWS_PREBUILD = {
     "sycl": [
         _sycl_key(dt, h, 16 // dt.itemsize)
         for dt in _FLEET_DTYPES
-        for h in sorted({*_FLEET_HIDDENS, *_FLEET_HEAD_DIMS, *(w for p in _FLEET_ACROSS for w in p)})
+        for h in sorted(
+            {*_FLEET_HIDDENS, *_FLEET_HEAD_DIMS, *(w for p in _FLEET_ACROSS for w in p)}
+        )
     ],
 }
 

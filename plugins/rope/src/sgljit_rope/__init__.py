@@ -10,7 +10,5 @@ MANIFEST = {
         "apply_rope": "sgljit_rope.ops:apply_rope",
         "apply_rope_with_kv_cache": "sgljit_rope.ops:apply_rope_with_kv_cache",
     },
-    "kernel_dirs": ["csrc", "sycl"],
-    "prebuild": "sgljit_rope.ops:prebuild_specs",
-    "check": "sgljit_rope.ops:check_cases",
+    "family": "sgljit_rope.ops:family",
 }

@@ -1,6 +1,7 @@
 """PyTorch implementation of the rope ops: the CPU path and the oracle the kernels are tested against.
 
-Math is done in float32 (the kernels' precision); results are rounded once to the tensors' dtype.
+Math is done in float32 (the kernels' precision), in float64 for float64 tensors (the oracle: the
+conformance suite runs it on float64 copies); results are rounded once to the tensors' dtype.
 Out-of-range indices behave exactly as in the kernels: a position outside ``[0, max_pos)`` leaves its
 token unrotated, an ``out_loc`` outside ``[0, num_slots)`` stores nothing for its token.
 """
@@ -12,6 +13,11 @@ import torch
 __all__ = ["apply_rope_into", "apply_rope_with_kv_cache_into", "rope_torch"]
 
 
+def _math(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the math dtype: float32, or float64 when it is float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _gather_cos_sin(
     cos_sin_cache: torch.Tensor, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -19,13 +25,13 @@ def _gather_cos_sin(
     max_pos, rot = cos_sin_cache.shape
     valid = (positions >= 0) & (positions < max_pos)
     idx = positions.long().clamp(0, max(max_pos - 1, 0))
-    rows = cos_sin_cache.index_select(0, idx).float()
+    rows = _math(cos_sin_cache.index_select(0, idx))
     cos, sin = rows[:, : rot // 2], rows[:, rot // 2 :]
     return cos.unsqueeze(1), sin.unsqueeze(1), valid.view(-1, 1, 1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    """Rotate the pairs of fp32 ``x`` [T, H, r]: neox pairs (i, i + r/2), gptj pairs (2i, 2i + 1)."""
+    """Rotate the pairs of ``x`` [T, H, r] (in the math dtype): neox pairs (i, i + r/2), gptj pairs (2i, 2i + 1)."""
     if is_neox:
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
@@ -36,7 +42,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
 
 def _rope_one(x, cos, sin, valid, rot, is_neox) -> torch.Tensor:
     """The rotated first ``rot`` dims of ``x`` [T, H, D], in x's dtype (unrotated where not valid)."""
-    xr = x[..., :rot].float()
+    xr = _math(x[..., :rot])
     return torch.where(valid, _rotate(xr, cos, sin, is_neox), xr).to(x.dtype)
 
 

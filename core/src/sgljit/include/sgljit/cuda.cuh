@@ -5,6 +5,7 @@
 #include <tvm/ffi/extra/c_env_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -29,13 +30,28 @@ inline void check_cuda(cudaError_t err, const char* what) {
 }
 
 // An attribute of a device (cudaDevAttr*), asked of the runtime once per (device, attribute) in a
-// process: cudaDeviceGetAttribute is not free on the hot path.
+// process, then read without a lock: cudaDeviceGetAttribute is not free on the hot path.
 inline int device_attribute(int device_id, cudaDeviceAttr attr) {
   RuntimeCheck(device_id >= 0, "device id out of range: ", device_id);
+  constexpr int kDevices = 64, kAttrs = 256;  // beyond these, a locked map
+  const int a = static_cast<int>(attr);
+  if (device_id < kDevices && a >= 0 && a < kAttrs) {
+    // 0 until asked, then (1 << 32) | value; threads that race to fill a slot store the same word.
+    static std::atomic<int64_t> table[kDevices][kAttrs];
+    std::atomic<int64_t>& slot = table[device_id][a];
+    const int64_t cached = slot.load(std::memory_order_relaxed);
+    if (SGLJIT_UNLIKELY(cached == 0)) {
+      int value = 0;
+      check_cuda(cudaDeviceGetAttribute(&value, attr, device_id), "cudaDeviceGetAttribute");
+      slot.store((int64_t{1} << 32) | static_cast<uint32_t>(value), std::memory_order_relaxed);
+      return value;
+    }
+    return static_cast<int>(static_cast<uint32_t>(cached));
+  }
   static std::map<std::pair<int, int>, int> cache;
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = cache.try_emplace({device_id, static_cast<int>(attr)}, 0);
+  auto [it, inserted] = cache.try_emplace({device_id, a}, 0);
   if (inserted) {
     int value = 0;
     const cudaError_t err = cudaDeviceGetAttribute(&value, attr, device_id);
@@ -68,19 +84,47 @@ cudaError_t on_device(int device_id, F&& f) {
 // (device, threads, smem) in a process. Persistent grids are num_sms() x this.
 template <auto kKernel>
 int resident_blocks(int device_id, int threads, size_t smem = 0) {
+  // Hits are read without a lock from kSlots words, each one whole entry: bit 63 set, blocks in bits
+  // 43..62, the key below (device 35..42, threads 24..34, smem 0..23). Misses take the lock, ask the
+  // runtime and fill the next free slot; keys that do not fit, or come when every slot is taken, are
+  // kept in a map under the lock.
+  constexpr int kSlots = 16;
+  constexpr uint64_t kKeyMask = (uint64_t{1} << 43) - 1;
+  static std::atomic<uint64_t> slots[kSlots];
+  const bool packable = device_id >= 0 && device_id < 256 && threads >= 0 && threads < 2048 && smem < (1u << 24);
+  const uint64_t key = (uint64_t(device_id) << 35) | (uint64_t(threads) << 24) | uint64_t(smem);
+  auto find_slot = [&]() -> int {  // the cached value, or -1
+    if (packable) {
+      for (const auto& slot : slots) {
+        const uint64_t entry = slot.load(std::memory_order_relaxed);
+        if (entry == 0) break;
+        if ((entry & kKeyMask) == key) return static_cast<int>((entry >> 43) & 0xFFFFF);
+      }
+    }
+    return -1;
+  };
+  if (const int hit = find_slot(); hit >= 0) return hit;
+
   static std::map<std::tuple<int, int, size_t>, int> cache;
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = cache.try_emplace({device_id, threads, smem}, 0);
-  if (inserted) {
-    int blocks = 0;
-    const cudaError_t err = on_device(
-        device_id, [&] { return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem); });
-    if (err != cudaSuccess) cache.erase(it);
-    check_cuda(err, "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    it->second = std::max(blocks, 1);
+  if (const int hit = find_slot(); hit >= 0) return hit;  // filled while this thread waited
+  if (auto it = cache.find({device_id, threads, smem}); it != cache.end()) return it->second;
+  int blocks = 0;
+  check_cuda(on_device(device_id,
+                       [&] { return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, smem); }),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  blocks = std::max(blocks, 1);
+  if (packable && blocks < (1 << 20)) {
+    for (auto& slot : slots) {
+      if (slot.load(std::memory_order_relaxed) == 0) {  // fills happen under the lock
+        slot.store((uint64_t{1} << 63) | (uint64_t(blocks) << 43) | key, std::memory_order_relaxed);
+        return blocks;
+      }
+    }
   }
-  return it->second;
+  cache.emplace(std::make_tuple(device_id, threads, smem), blocks);
+  return blocks;
 }
 
 // Programmatic dependent launch (PDL, sm_90+). A kernel launched with PDL may be scheduled while the

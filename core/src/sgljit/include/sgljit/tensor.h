@@ -5,12 +5,14 @@
 //   SymbolicDevice dev;
 //   TensorMatcher({T, H}).with_strides({S, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "input");
 //   TensorMatcher({H}).with_dtype(dt).with_device(dev).verify(w, "weight");  // must agree with input
+//   TensorMatcher({T, H}).with_dtype(dt).with_device(dev).writable().verify(y, "out");  // written: no overlap
 //
 // Inside a kernel template, prefer these non-template forms: a member template called on a dependent
 // expression would need `.template`. `with_dtype<A, B>()` restricts without binding a symbol.
 //
 // Symbols bind on first use and must match afterwards, so relations between tensors are one line each.
 // A mismatch throws a Python ValueError naming the tensor, the dimension, what was expected and what was found.
+// A match costs no string work and no heap allocation: messages are built only on a mismatch.
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -21,7 +23,6 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "utils.h"
 
@@ -79,15 +80,41 @@ inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
-inline std::string device_name(DLDevice d) {
-  const char* type = d.device_type == kDLCPU            ? "cpu"
-                     : d.device_type == kDLCUDA         ? "cuda"
-                     : d.device_type == kDLCUDAHost     ? "cuda_host"
-                     : d.device_type == kDLOneAPI       ? "xpu"
-                     : d.device_type == kDLROCM         ? "rocm"
-                                                        : "device";
-  return std::string(type) + ":" + std::to_string(d.device_id);
+inline const char* device_type_name(DLDeviceType type) {
+  return type == kDLCPU        ? "cpu"
+         : type == kDLCUDA     ? "cuda"
+         : type == kDLCUDAHost ? "cuda_host"
+         : type == kDLOneAPI   ? "xpu"
+         : type == kDLROCM     ? "rocm"
+                               : "device";
 }
+
+inline std::string device_name(DLDevice d) {
+  return std::string(device_type_name(d.device_type)) + ":" + std::to_string(d.device_id);
+}
+
+// A list of dtypes in static storage: what SymbolicDType::of<...>() and with_dtype<...>() allow.
+struct DTypeSpan {
+  const DLDataType* ptr = nullptr;
+  size_t count = 0;
+
+  const DLDataType* begin() const { return ptr; }
+  const DLDataType* end() const { return ptr + count; }
+  size_t size() const { return count; }
+  bool empty() const { return count == 0; }
+  const DLDataType& operator[](size_t i) const { return ptr[i]; }
+};
+
+namespace detail {
+template <typename... Ts>
+struct DTypeArray {
+  static constexpr DLDataType values[sizeof...(Ts) + 1] = {DTypeTrait<Ts>::value..., DLDataType{}};
+};
+template <typename... Ts>
+DTypeSpan dtypes_of() {
+  return DTypeSpan{DTypeArray<Ts...>::values, sizeof...(Ts)};
+}
+}  // namespace detail
 
 // A size that binds on first use: later uses must agree.
 class SymbolicSize {
@@ -117,9 +144,9 @@ class SymbolicDType {
   // A dtype symbol that only binds to one of Ts: `auto dt = SymbolicDType::of<fp16_t, bf16_t>();`
   template <typename... Ts>
   static SymbolicDType of() {
-    return SymbolicDType(std::vector<DLDataType>{DTypeTrait<Ts>::value...});
+    return SymbolicDType(detail::dtypes_of<Ts...>());
   }
-  const std::vector<DLDataType>& allowed() const { return allowed_; }
+  DTypeSpan allowed() const { return allowed_; }
   bool bound() const { return value_.has_value(); }
   DLDataType value() const {
     RuntimeCheck(bound(), "dtype was never bound");
@@ -128,8 +155,8 @@ class SymbolicDType {
   void bind(DLDataType v) { value_ = v; }
 
  private:
-  explicit SymbolicDType(std::vector<DLDataType> allowed) : allowed_(std::move(allowed)) {}
-  std::vector<DLDataType> allowed_;
+  explicit SymbolicDType(DTypeSpan allowed) : allowed_(allowed) {}
+  DTypeSpan allowed_;
   std::optional<DLDataType> value_;
 };
 
@@ -148,24 +175,29 @@ class SymbolicDevice {
   std::optional<DLDevice> value_;
 };
 
+namespace detail {
+class DimList;
+}
+
 // One dimension (or stride) of a pattern: a fixed number, "anything", or a symbol.
 class Dim {
  public:
-  Dim(int value) : fixed_(value) {}                 // NOLINT: implicit so {T, 1} reads naturally
-  Dim(int64_t value) : fixed_(value) {}             // NOLINT
-  Dim(SymbolicSize& symbol) : symbol_(&symbol) {}   // NOLINT
+  Dim(int value) : fixed_(value), symbol_(nullptr) {}                // NOLINT: implicit so {T, 1} reads naturally
+  Dim(int64_t value) : fixed_(value), symbol_(nullptr) {}            // NOLINT
+  Dim(SymbolicSize& symbol) : fixed_(kAnySize), symbol_(&symbol) {}  // NOLINT
 
-  // Returns an empty string when `actual` fits, else a description of what was expected.
-  std::string match(int64_t actual) const {
-    if (symbol_ != nullptr) {
-      if (!symbol_->bound()) {
-        symbol_->bind(actual);
-        return {};
-      }
-      if (symbol_->value() == actual) return {};
-      return detail::concat(symbol_->value(), " (", symbol_->name(), ")");
+  // Whether `actual` fits; an unbound symbol binds to it.
+  bool match(int64_t actual) const {
+    if (symbol_ == nullptr) return fixed_ == kAnySize || fixed_ == actual;
+    if (!symbol_->bound()) {
+      symbol_->bind(actual);
+      return true;
     }
-    if (fixed_ == kAnySize || fixed_ == actual) return {};
+    return symbol_->value() == actual;
+  }
+  // What match() wanted, for the message after it returned false.
+  std::string expected() const {
+    if (symbol_ != nullptr) return detail::concat(symbol_->value(), " (", symbol_->name(), ")");
     return std::to_string(fixed_);
   }
   std::string describe() const {
@@ -174,16 +206,54 @@ class Dim {
   }
 
  private:
-  int64_t fixed_ = kAnySize;
-  SymbolicSize* symbol_ = nullptr;
+  friend class detail::DimList;
+  Dim() = default;  // trivial: DimList's slots are written before they are read
+
+  int64_t fixed_;
+  SymbolicSize* symbol_;
 };
+
+namespace detail {
+// A pattern of at most kMaxDims dims, stored inline (no heap on the hot path).
+class DimList {
+ public:
+  static constexpr size_t kMaxDims = 8;
+
+  DimList() = default;
+  explicit DimList(std::initializer_list<Dim> dims) { assign(dims); }
+  DimList(const DimList& other) { *this = other; }
+  DimList& operator=(const DimList& other) {  // copies the slots in use only
+    size_ = other.size_;
+    for (size_t i = 0; i < size_; ++i) dims_[i] = other.dims_[i];
+    return *this;
+  }
+  void assign(std::initializer_list<Dim> dims) {
+    SGLJIT_CHECK(dims.size() <= kMaxDims, "TensorMatcher: a pattern has at most ", kMaxDims, " dimensions, got ",
+                 dims.size());
+    size_ = 0;
+    for (const Dim& d : dims) dims_[size_++] = d;
+  }
+  size_t size() const { return size_; }
+  const Dim& operator[](size_t i) const { return dims_[i]; }
+  std::string describe() const {
+    std::string s = "[";
+    for (size_t i = 0; i < size_; ++i) s += (i ? ", " : "") + dims_[i].describe();
+    return s + "]";
+  }
+
+ private:
+  Dim dims_[kMaxDims];
+  size_t size_ = 0;
+};
+}  // namespace detail
 
 class TensorMatcher {
  public:
   TensorMatcher(std::initializer_list<Dim> shape) : shape_(shape) {}
 
   TensorMatcher&& with_strides(std::initializer_list<Dim> strides) && {
-    strides_ = std::vector<Dim>(strides);
+    strides_.assign(strides);
+    has_strides_ = true;
     return std::move(*this);
   }
   // Row-major contiguous.
@@ -191,16 +261,22 @@ class TensorMatcher {
     contiguous_ = true;
     return std::move(*this);
   }
+  // For a tensor the op writes: refuse a view whose elements may share memory (an expanded or
+  // otherwise self-overlapping one), where concurrent writes to one address would race.
+  TensorMatcher&& writable() && {
+    writable_ = true;
+    return std::move(*this);
+  }
   // Allow any of the listed element types; bind `dtype` to the one found (or require the bound one).
   template <typename... Ts>
   TensorMatcher&& with_dtype(SymbolicDType& dtype) && {
     dtype_ = &dtype;
-    allowed_ = {DTypeTrait<Ts>::value...};
+    allowed_ = detail::dtypes_of<Ts...>();
     return std::move(*this);
   }
   template <typename... Ts>
   TensorMatcher&& with_dtype() && {
-    allowed_ = {DTypeTrait<Ts>::value...};
+    allowed_ = detail::dtypes_of<Ts...>();
     return std::move(*this);
   }
   // The tensor's dtype must be the one `dtype` is bound to (binding it on first use); a symbol made
@@ -226,52 +302,93 @@ class TensorMatcher {
     return std::move(*this);
   }
 
+  // Checks `t` against the pattern, binding unbound symbols; throws a ValueError naming `name` on
+  // the first mismatch. Messages are built only then.
   void verify(const TensorView& t, const char* name) && {
     const int64_t ndim = t.ndim();
-    RuntimeCheck(ndim == static_cast<int64_t>(shape_.size()), name, ": expected ", shape_.size(),
-                 "-D tensor of shape ", describe(shape_), ", got ", ndim, "-D tensor");
+    SGLJIT_CHECK(ndim == static_cast<int64_t>(shape_.size()), name, ": expected ", shape_.size(),
+                 "-D tensor of shape ", shape_.describe(), ", got ", ndim, "-D tensor");
+    const int64_t* sizes = t.shape().data();
     for (int64_t i = 0; i < ndim; ++i) {
-      const std::string expected = shape_[i].match(t.size(i));
-      RuntimeCheck(expected.empty(), name, ": dimension ", i, " expected ", expected, ", got ", t.size(i),
-                   " (shape pattern ", describe(shape_), ")");
+      SGLJIT_CHECK(shape_[i].match(sizes[i]), name, ": dimension ", i, " expected ", shape_[i].expected(), ", got ",
+                   sizes[i], " (shape pattern ", shape_.describe(), ")");
     }
-    if (strides_) {
+    if (has_strides_) {
+      SGLJIT_CHECK(strides_.size() == shape_.size(), name, ": stride pattern ", strides_.describe(),
+                   " does not have the shape pattern's ", shape_.size(), " dimensions");
+      const int64_t* strides = t.strides().data();
       for (int64_t i = 0; i < ndim; ++i) {
-        if (t.size(i) == 1) continue;  // the stride of a size-1 dimension is meaningless
-        const std::string expected = (*strides_)[i].match(t.stride(i));
-        RuntimeCheck(expected.empty(), name, ": stride of dimension ", i, " expected ", expected, ", got ",
-                     t.stride(i), " (stride pattern ", describe(*strides_), ")");
+        if (sizes[i] == 1) continue;  // the stride of a size-1 dimension is meaningless
+        SGLJIT_CHECK(strides_[i].match(strides[i]), name, ": stride of dimension ", i, " expected ",
+                     strides_[i].expected(), ", got ", strides[i], " (stride pattern ", strides_.describe(), ")");
       }
     }
-    if (contiguous_) {
-      RuntimeCheck(t.IsContiguous(), name, ": expected a contiguous tensor");
+    if (contiguous_ || writable_) {
+      const bool contiguous = t.IsContiguous();
+      SGLJIT_CHECK(contiguous || !contiguous_, name, ": expected a contiguous tensor");
+      if (writable_ && !contiguous && !elements_distinct(ndim, sizes, t.strides().data())) {
+        throw_shared_elements(ndim, sizes, t.strides().data(), name);
+      }
     }
     verify_dtype(t.dtype(), name);
     verify_device(t.device(), name);
   }
 
  private:
-  static std::string describe(const std::vector<Dim>& dims) {
-    std::string s = "[";
-    for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + dims[i].describe();
-    return s + "]";
+  // Whether the strides prove that every element has its own address (core/src/sgljit/op.py's
+  // _may_overlap): ignoring size-1 dimensions and sorted by stride, each stride is at least the span
+  // of the dimensions below it. True of every strided slice and permutation of a dense tensor.
+  static bool elements_distinct(int64_t ndim, const int64_t* sizes, const int64_t* strides) {
+    int64_t st[detail::DimList::kMaxDims], sz[detail::DimList::kMaxDims];
+    int64_t n = 0;
+    for (int64_t i = 0; i < ndim; ++i) {
+      if (sizes[i] == 1) continue;
+      int64_t j = n++;  // insertion sort by stride (at most kMaxDims entries)
+      for (; j > 0 && st[j - 1] > strides[i]; --j) {
+        st[j] = st[j - 1];
+        sz[j] = sz[j - 1];
+      }
+      st[j] = strides[i];
+      sz[j] = sizes[i];
+    }
+    int64_t span = 1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (st[i] < span) return false;
+      span = st[i] * (sz[i] - 1) + span;
+    }
+    return true;
+  }
+
+  [[noreturn]] SGLJIT_COLD static void throw_shared_elements(int64_t ndim, const int64_t* sizes,
+                                                             const int64_t* strides, const char* name) {
+    auto list = [ndim](const int64_t* v) {
+      std::string s = "[";
+      for (int64_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    detail::throw_value_error(name, ": sgljit writes it, but its elements may share memory (shape ", list(sizes),
+                              ", strides ", list(strides),
+                              ": an expanded or otherwise self-overlapping view); pass a tensor whose elements "
+                              "are distinct");
+  }
+
+  static std::string dtype_list(DTypeSpan dtypes) {
+    std::string list;
+    for (const DLDataType& a : dtypes) list += (list.empty() ? "" : ", ") + dtype_name(a);
+    return list;
   }
 
   void verify_dtype(DLDataType actual, const char* name) const {
     if (!allowed_.empty()) {
       bool ok = false;
-      std::string list;
-      for (const auto& a : allowed_) {
-        ok = ok || same_dtype(a, actual);
-        list += (list.empty() ? "" : ", ") + dtype_name(a);
-      }
-      RuntimeCheck(ok, name, ": dtype expected one of {", list, "}, got ", dtype_name(actual));
+      for (const DLDataType& a : allowed_) ok = ok || same_dtype(a, actual);
+      SGLJIT_CHECK(ok, name, ": dtype expected one of {", dtype_list(allowed_), "}, got ", dtype_name(actual));
     }
     if (dtype_ != nullptr) {
       if (!dtype_->bound()) {
         dtype_->bind(actual);
       } else {
-        RuntimeCheck(same_dtype(dtype_->value(), actual), name, ": dtype expected ", dtype_name(dtype_->value()),
+        SGLJIT_CHECK(same_dtype(dtype_->value(), actual), name, ": dtype expected ", dtype_name(dtype_->value()),
                      " (same as the tensors before it), got ", dtype_name(actual));
       }
     }
@@ -279,26 +396,27 @@ class TensorMatcher {
 
   void verify_device(DLDevice actual, const char* name) const {
     if (device_type_) {
-      const std::string want = device_name(DLDevice{*device_type_, 0});
-      RuntimeCheck(actual.device_type == *device_type_, name, ": expected a tensor on ",
-                   want.substr(0, want.find(':')), ", got one on ", device_name(actual));
+      SGLJIT_CHECK(actual.device_type == *device_type_, name, ": expected a tensor on ",
+                   device_type_name(*device_type_), ", got one on ", device_name(actual));
     }
     if (device_ != nullptr) {
       if (!device_->bound()) {
         device_->bind(actual);
       } else {
         const DLDevice want = device_->value();
-        RuntimeCheck(want.device_type == actual.device_type && want.device_id == actual.device_id, name,
+        SGLJIT_CHECK(want.device_type == actual.device_type && want.device_id == actual.device_id, name,
                      ": expected a tensor on ", device_name(want), " (same as the tensors before it), got one on ",
                      device_name(actual));
       }
     }
   }
 
-  std::vector<Dim> shape_;
-  std::optional<std::vector<Dim>> strides_;
+  detail::DimList shape_;
+  detail::DimList strides_;
+  bool has_strides_ = false;
   bool contiguous_ = false;
-  std::vector<DLDataType> allowed_;
+  bool writable_ = false;
+  DTypeSpan allowed_;
   SymbolicDType* dtype_ = nullptr;
   SymbolicDevice* device_ = nullptr;
   std::optional<DLDeviceType> device_type_;

@@ -48,6 +48,7 @@
 #include <tvm/ffi/container/tensor.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 #include <cstring>
 
@@ -115,6 +116,12 @@ inline constexpr int kMaxVecsPerRow = 4096;
 #ifndef NORM_MIN_BLOCK  // threads of the smallest block: several row groups share a block below it
 #define NORM_MIN_BLOCK 128
 #endif
+#ifndef NORM_ROW_FIT  // A/B: 1 = multi-warp row groups of whole warps with the fewest idle vector slots
+#define NORM_ROW_FIT 0
+#endif
+#ifndef NORM_SMALL_VPT  // A/B: rows of up to a warp's vectors: 0 = one vector a thread, k = k a thread
+#define NORM_SMALL_VPT 0
+#endif
 inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
 
 // 16-byte vectors per thread and stream a row aims at: the fused add reads two rows (input and
@@ -123,6 +130,21 @@ template <bool kFused, bool kMany = false>
 inline constexpr int kVecTarget = kMany ? (kFused ? NORM_MANY_FUSED_VECS : NORM_MANY_PLAIN_VECS)
                                   : kFused ? std::max(1, NORM_VECS_PER_THREAD / 2)
                                            : NORM_VECS_PER_THREAD;
+
+// Threads (a multiple of 32, 64..1024) of a multi-warp row group of n vectors: the fewest idle vector
+// slots (threads * vectors - n) with kTarget/2..kTarget+1 vectors per thread, then the count nearest kTarget.
+constexpr int fit_threads(int n, int target) {
+  int best = 0, best_waste = 1 << 30, best_dist = 1 << 30;
+  for (int vpt = std::max(1, target / 2); vpt <= target + 1; ++vpt) {
+    const int threads = div_ceil(div_ceil(n, vpt), 32) * 32;
+    if (threads < 64 || threads > 1024) continue;
+    const int waste = threads * vpt - n, dist = vpt > target ? vpt - target : target - vpt;
+    if (waste < best_waste || (waste == best_waste && dist < best_dist)) {
+      best = threads, best_waste = waste, best_dist = dist;
+    }
+  }
+  return best ? best : std::clamp(pow2_ceil(div_ceil(n, target)), 64, 1024);
+}
 
 // How a row of kH elements of T is spread over threads holding about kTarget vectors each.
 template <typename T, int kH, int kTarget>
@@ -134,7 +156,8 @@ struct RowConfig {
   // Beyond: a power-of-two multi-warp group of 64..1024 threads.
   static constexpr int kThreads =
       !kValid                       ? 1
-      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(kNumVec))
+      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(NORM_SMALL_VPT ? div_ceil(kNumVec, NORM_SMALL_VPT) : kNumVec))
+      : NORM_ROW_FIT                ? fit_threads(kNumVec, kTarget)
                                     : std::clamp(pow2_ceil(div_ceil(kNumVec, kTarget)), 64, 1024);
   static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
   // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
@@ -147,8 +170,15 @@ struct RowConfig {
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
 // few rows over many SMs (latency at small T); at large T an SM holds 8+ of them.
+constexpr int group_block(int threads) {
+  return threads >= NORM_MIN_BLOCK ? threads : div_ceil(NORM_MIN_BLOCK, threads) * threads;
+}
 template <typename T, int kHA, int kHB, int kTarget>
-inline constexpr int kBlockThreads = std::max({NORM_MIN_BLOCK, RowConfig<T, kHA, kTarget>::kThreads,
+inline constexpr int kBlockThreadsFit =
+    kHB > 0 ? std::lcm(group_block(RowConfig<T, kHA, kTarget>::kThreads), group_block(RowConfig<T, kHB, kTarget>::kThreads))
+            : group_block(RowConfig<T, kHA, kTarget>::kThreads);
+template <typename T, int kHA, int kHB, int kTarget>
+inline constexpr int kBlockThreads = NORM_ROW_FIT ? kBlockThreadsFit<T, kHA, kHB, kTarget> : std::max({NORM_MIN_BLOCK, RowConfig<T, kHA, kTarget>::kThreads,
                                                kHB > 0 ? RowConfig<T, kHB, kTarget>::kThreads : 1});
 
 inline constexpr int kGenericThreads = 256;

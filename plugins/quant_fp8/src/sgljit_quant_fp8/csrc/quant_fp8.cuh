@@ -127,7 +127,7 @@
 #include <sgljit/vec.cuh>
 
 #include <algorithm>
-#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -961,14 +961,14 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
 inline int l2_bytes(int device_id) { return device_attribute(device_id, cudaDevAttrL2CacheSize); }
 
 inline void check_dtype(const TensorView& t, const char* name, DLDataType want) {
-  RuntimeCheck(same_dtype(t.dtype(), want), name, ": dtype expected ", dtype_name(want), ", got ",
+  SGLJIT_CHECK(same_dtype(t.dtype(), want), name, ": dtype expected ", dtype_name(want), ", got ",
                dtype_name(t.dtype()));
 }
 
 inline void check_device(const TensorView& t, const char* name, DLDevice want) {
-  RuntimeCheck(t.device().device_type == kDLCUDA, name, ": expected a tensor on cuda, got one on ",
+  SGLJIT_CHECK(t.device().device_type == kDLCUDA, name, ": expected a tensor on cuda, got one on ",
                device_name(t.device()));
-  RuntimeCheck(t.device().device_id == want.device_id, name, ": expected a tensor on ",
+  SGLJIT_CHECK(t.device().device_id == want.device_id, name, ": expected a tensor on ",
                device_name(want), " (same as input), got one on ", device_name(t.device()));
 }
 
@@ -1138,14 +1138,15 @@ struct QuantFp8 {
   }
 
   // The fused kernel's dynamic shared memory limit on `device_id` (the opt-in maximum less its static
-  // shared memory), allowed for the kernel once per device.
+  // shared memory), allowed for the kernel once per device (under a lock; read without one after).
   static int fused_smem_cap(int device_id) {
-    static std::array<int, 64> cache{};
+    static std::atomic<int> cache[64];
+    RuntimeCheck(device_id >= 0 && device_id < 64, "device id out of range: ", device_id);
+    std::atomic<int>& slot = cache[device_id];
+    if (const int cap = slot.load(std::memory_order_acquire); cap != 0) return cap;
     static std::mutex mutex;
     std::lock_guard<std::mutex> lock(mutex);
-    RuntimeCheck(device_id >= 0 && device_id < int(cache.size()), "device id out of range: ", device_id);
-    int& slot = cache[device_id];
-    if (slot == 0) {
+    if (slot.load(std::memory_order_relaxed) == 0) {
       constexpr auto kernel = per_tensor_fused_kernel<T, Q>;
       cudaFuncAttributes attrs{};
       check_cuda(cudaFuncGetAttributes(&attrs, kernel), "cudaFuncGetAttributes");
@@ -1153,9 +1154,9 @@ struct QuantFp8 {
       check_cuda(on_device(device_id,
                            [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, cap); }),
                  "cudaFuncSetAttribute");
-      slot = cap;
+      slot.store(cap, std::memory_order_release);
     }
-    return slot;
+    return slot.load(std::memory_order_relaxed);
   }
 
   // out[t, :] = quantize(input[t, :] / scales[t]), scales[t] = max(absmax(input[t, :]) / fp8_max, 2^-126).

@@ -506,52 +506,57 @@ inline int grid_size(int block, int groups, int device_id, RopeParams& p, bool p
   return grid;
 }
 
+// The entry points. Shapes, strides (unit last dimension), dtypes, devices and overlap were checked by
+// the code sgljit.op generates from the ops' declared arguments (see ops.py); here only what the
+// specialization assumes: its dtypes, widths and style, and the alignment of its vectors.
+template <typename Want>
+inline void check_dtype(const TensorView& t, const char* name) {
+  RuntimeCheck(same_dtype(t.dtype(), DTypeTrait<Want>::value), name, ": this module was compiled for ",
+               DTypeTrait<Want>::name, ", got ", dtype_name(t.dtype()));
+}
+
+inline void check_style(bool is_neox, bool compiled) {
+  RuntimeCheck(is_neox == compiled, "is_neox: this module was compiled for is_neox=", compiled ? "True" : "False");
+}
+
+inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot, int64_t head_dim) {
+  RuntimeCheck(cos_sin_cache.size(1) == rot, "cos_sin_cache: this module was compiled for rotary_dim ", rot,
+               ", got a cache of width ", cos_sin_cache.size(1));
+  RuntimeCheck(rot <= head_dim, "cos_sin_cache: its width ", rot, " (rotary_dim) exceeds head_dim ", head_dim);
+}
+
 inline void check_aligned(const TensorView& t, int vec_bytes, const char* name) {
   RuntimeCheck(reinterpret_cast<uintptr_t>(t.data_ptr()) % vec_bytes == 0, name, ": data pointer must be aligned to ",
                vec_bytes, " bytes for this specialization");
 }
 
-inline void check_stride(int64_t stride, int64_t size, int vec, const char* what) {
-  RuntimeCheck(size <= 1 || stride % vec == 0, what, " (", stride, ") must be a multiple of ", vec,
+inline void check_stride(int64_t stride, int64_t size, int vec, const char* name, const char* what) {
+  RuntimeCheck(size <= 1 || stride % vec == 0, name, ": ", what, " (", stride, ") must be a multiple of ", vec,
                " for this specialization");
-}
-
-template <typename IdxT>
-inline void verify_positions(const TensorView& positions, SymbolicSize& T_, SymbolicDevice& dev) {
-  auto it = SymbolicDType::of<IdxT>();
-  TensorMatcher({T_}).with_strides({1}).with_dtype(it).with_device(dev).verify(positions, "positions");
 }
 
 template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
 struct RopeKernel {
   using G = Geometry<ROT, VEC>;
 
-  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions) {
-    SymbolicSize T_{"num_tokens"}, Hq{"num_q_heads"}, Hk{"num_k_heads"}, D{"head_dim"};
-    SymbolicSize qst{"q_token_stride"}, qsh{"q_head_stride"}, kst{"k_token_stride"}, ksh{"k_head_stride"};
-    SymbolicSize P{"max_position"}, cs{"cache_row_stride"};
-    SymbolicDevice dev;
-    auto dt = SymbolicDType::of<T>();
-    auto ft = SymbolicDType::of<float>();
-    TensorMatcher({T_, Hq, D}).with_strides({qst, qsh, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(q, "q");
-    TensorMatcher({T_, Hk, D}).with_strides({kst, ksh, 1}).with_dtype(dt).with_device(dev).verify(k, "k");
-    TensorMatcher({P, ROT}).with_strides({cs, 1}).with_dtype(ft).with_device(dev).verify(cos_sin_cache,
-                                                                                        "cos_sin_cache");
-    verify_positions<IdxT>(positions, T_, dev);
-    RuntimeCheck(ROT <= D.value(), "rotary_dim (", ROT, ") must not exceed head_dim (", D.value(), ")");
-    const int64_t n = T_.value();
+  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox) {
+    check_dtype<T>(q, "q");
+    check_dtype<IdxT>(positions, "positions");
+    check_style(is_neox, NEOX);
+    check_rotary(cos_sin_cache, ROT, q.size(2));
+    const int64_t n = q.size(0);
     check_aligned(q, VEC * sizeof(T), "q");
     check_aligned(k, VEC * sizeof(T), "k");
     check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
-    check_stride(q.stride(0), n, VEC, "q token stride");
-    check_stride(q.stride(1), Hq.value(), VEC, "q head stride");
-    check_stride(k.stride(0), n, VEC, "k token stride");
-    check_stride(k.stride(1), Hk.value(), VEC, "k head stride");
-    check_stride(cos_sin_cache.stride(0), P.value(), G::kCosVec, "cos_sin_cache row stride");
+    check_stride(q.stride(0), n, VEC, "q", "token stride");
+    check_stride(q.stride(1), q.size(1), VEC, "q", "head stride");
+    check_stride(k.stride(0), n, VEC, "k", "token stride");
+    check_stride(k.stride(1), k.size(1), VEC, "k", "head stride");
+    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), G::kCosVec, "cos_sin_cache", "row stride");
 
     RopeParams p{};
-    p.q_heads = static_cast<int32_t>(Hq.value());
-    p.k_heads = static_cast<int32_t>(Hk.value());
+    p.q_heads = static_cast<int32_t>(q.size(1));
+    p.k_heads = static_cast<int32_t>(k.size(1));
     p.q_chunks = div_ceil(p.q_heads, G::kHeads);
     p.k_chunks = div_ceil(p.k_heads, G::kHeads);
     p.chunks = p.q_chunks + p.k_chunks;
@@ -561,9 +566,9 @@ struct RopeKernel {
     p.k_stride_t = k.stride(0);
     p.k_stride_h = k.stride(1);
     p.cache_stride = cos_sin_cache.stride(0);
-    p.max_pos = P.value();
+    p.max_pos = cos_sin_cache.size(0);
     if (n == 0) return;
-    const DLDevice device = dev.value();
+    const DLDevice device = q.device();
     // Streaming stores (evict-first) where the rotated heads fit in L2: otherwise the whole output
     // stays in L2 as dirty lines, written back while the next kernels run.
     const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
@@ -613,30 +618,14 @@ struct RopeKVKernel {
   static_assert(HEAD_DIM % VEC == 0 && ROT <= HEAD_DIM, "bad head_dim for this specialization");
 
   static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
-                  TensorView cos_sin_cache, TensorView positions, TensorView out_loc) {
-    SymbolicSize T_{"num_tokens"}, Hq{"num_q_heads"}, Hk{"num_k_heads"}, S{"num_slots"};
-    SymbolicSize qst{"q_token_stride"}, qsh{"q_head_stride"}, kst{"k_token_stride"}, ksh{"k_head_stride"};
-    SymbolicSize vst{"v_token_stride"}, vsh{"v_head_stride"};
-    SymbolicSize kcs{"k_cache_slot_stride"}, kch{"k_cache_head_stride"};
-    SymbolicSize vcs{"v_cache_slot_stride"}, vch{"v_cache_head_stride"};
-    SymbolicSize P{"max_position"}, cs{"cache_row_stride"};
-    SymbolicDevice dev;
-    auto dt = SymbolicDType::of<T>();
-    auto ft = SymbolicDType::of<float>();
-    auto lt = SymbolicDType::of<LocT>();
-    TensorMatcher({T_, Hq, HEAD_DIM}).with_strides({qst, qsh, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(q,
-                                                                                                                 "q");
-    TensorMatcher({T_, Hk, HEAD_DIM}).with_strides({kst, ksh, 1}).with_dtype(dt).with_device(dev).verify(k, "k");
-    TensorMatcher({T_, Hk, HEAD_DIM}).with_strides({vst, vsh, 1}).with_dtype(dt).with_device(dev).verify(v, "v");
-    TensorMatcher({S, Hk, HEAD_DIM}).with_strides({kcs, kch, 1}).with_dtype(dt).with_device(dev).verify(k_cache,
-                                                                                                       "k_cache");
-    TensorMatcher({S, Hk, HEAD_DIM}).with_strides({vcs, vch, 1}).with_dtype(dt).with_device(dev).verify(v_cache,
-                                                                                                       "v_cache");
-    TensorMatcher({P, ROT}).with_strides({cs, 1}).with_dtype(ft).with_device(dev).verify(cos_sin_cache,
-                                                                                        "cos_sin_cache");
-    verify_positions<IdxT>(positions, T_, dev);
-    TensorMatcher({T_}).with_strides({1}).with_dtype(lt).with_device(dev).verify(out_loc, "out_loc");
-    const int64_t n = T_.value();
+                  TensorView cos_sin_cache, TensorView positions, TensorView out_loc, bool is_neox) {
+    check_dtype<T>(q, "q");
+    check_dtype<IdxT>(positions, "positions");
+    check_dtype<LocT>(out_loc, "out_loc");
+    check_style(is_neox, NEOX);
+    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
+    check_rotary(cos_sin_cache, ROT, HEAD_DIM);
+    const int64_t n = q.size(0), hq = q.size(1), hk = k.size(1), slots = k_cache.size(0);
     const int vb = VEC * sizeof(T);
     check_aligned(q, vb, "q");
     check_aligned(k, vb, "k");
@@ -644,21 +633,21 @@ struct RopeKVKernel {
     check_aligned(k_cache, vb, "k_cache");
     check_aligned(v_cache, vb, "v_cache");
     check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
-    check_stride(q.stride(0), n, VEC, "q token stride");
-    check_stride(q.stride(1), Hq.value(), VEC, "q head stride");
-    check_stride(k.stride(0), n, VEC, "k token stride");
-    check_stride(k.stride(1), Hk.value(), VEC, "k head stride");
-    check_stride(v.stride(0), n, VEC, "v token stride");
-    check_stride(v.stride(1), Hk.value(), VEC, "v head stride");
-    check_stride(k_cache.stride(0), S.value(), VEC, "k_cache slot stride");
-    check_stride(k_cache.stride(1), Hk.value(), VEC, "k_cache head stride");
-    check_stride(v_cache.stride(0), S.value(), VEC, "v_cache slot stride");
-    check_stride(v_cache.stride(1), Hk.value(), VEC, "v_cache head stride");
-    check_stride(cos_sin_cache.stride(0), P.value(), G::kCosVec, "cos_sin_cache row stride");
+    check_stride(q.stride(0), n, VEC, "q", "token stride");
+    check_stride(q.stride(1), hq, VEC, "q", "head stride");
+    check_stride(k.stride(0), n, VEC, "k", "token stride");
+    check_stride(k.stride(1), hk, VEC, "k", "head stride");
+    check_stride(v.stride(0), n, VEC, "v", "token stride");
+    check_stride(v.stride(1), hk, VEC, "v", "head stride");
+    check_stride(k_cache.stride(0), slots, VEC, "k_cache", "slot stride");
+    check_stride(k_cache.stride(1), hk, VEC, "k_cache", "head stride");
+    check_stride(v_cache.stride(0), slots, VEC, "v_cache", "slot stride");
+    check_stride(v_cache.stride(1), hk, VEC, "v_cache", "head stride");
+    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), G::kCosVec, "cos_sin_cache", "row stride");
 
     RopeParams p{};
-    p.q_heads = static_cast<int32_t>(Hq.value());
-    p.k_heads = static_cast<int32_t>(Hk.value());
+    p.q_heads = static_cast<int32_t>(hq);
+    p.k_heads = static_cast<int32_t>(hk);
     p.q_chunks = div_ceil(p.q_heads, G::kHeadsKV);
     p.k_chunks = div_ceil(p.k_heads, G::kHeadsKV);
     p.chunks = p.q_chunks + 2 * p.k_chunks;
@@ -674,10 +663,10 @@ struct RopeKVKernel {
     p.vc_stride_s = v_cache.stride(0);
     p.vc_stride_h = v_cache.stride(1);
     p.cache_stride = cos_sin_cache.stride(0);
-    p.max_pos = P.value();
-    p.num_slots = S.value();
+    p.max_pos = cos_sin_cache.size(0);
+    p.num_slots = slots;
     if (n == 0) return;
-    const DLDevice device = dev.value();
+    const DLDevice device = q.device();
     constexpr auto kernel = rope_kv_kernel<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC>;
     const int grid = grid_size<kernel>(G::kBlockKV, G::kGroupsKV, device.device_id, p);
     LaunchKernel(kernel, grid, G::kBlockKV, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(

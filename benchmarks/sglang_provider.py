@@ -1,0 +1,273 @@
+"""sglang's ``jit_kernel`` as a benchmark provider, named ``sglang-jit``.
+
+sglang's jit_kernel is the system sgljit replaces: JIT-compiled CUDA kernels over apache-tvm-ffi,
+shipped as Python and C++/CUDA sources inside the sglang wheels. ``benchmarks/fetch_sglang_jit.sh``
+extracts it (with the few modules it imports, three of them stubbed) into ``.whl/sglang_jit`` at the
+repo root; ``SGLANG_JIT_PATH`` points elsewhere. Nothing is installed: the folder goes first on
+``sys.path`` when a loader runs. Its kernels compile on first use (tvm-ffi's own cache,
+``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``), for the visible GPU's architecture.
+
+Each ``load_*`` function returns ``fn(inputs)`` taking the inputs dict of the matching family script
+(keys as there), or raises with the reason, which the harness reports as ``missing: <reason>``:
+the tree is not there, there is no CUDA GPU (the kernels are CUDA only), or sglang has no such op.
+What is timed is what a user of sglang's public function must do for the same result; where that
+does more or different work than sgljit's op, the loader says so. ``prepare_*`` functions add the
+buffers sglang needs and sgljit does not (untimed, once per input copy).
+
+Calling conventions mapped (sglang 0.5.13), sgljit's op on the left:
+
+=========================  =====================================================================
+rmsnorm                    norm.rmsnorm(input, weight, out=None, eps) -> None; out=None: in place
+fused_add_rmsnorm          norm.fused_add_rmsnorm(input, residual, weight, eps) -> None
+gemma_rmsnorm, gemma_fa..  none (sglang's gemma norms are in the AOT sgl_kernel package)
+qknorm                     norm.fused_inplace_qknorm(q, k, q_weight, k_weight, eps)
+qknorm_across_heads        norm.fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps)
+apply_rope                 rope.apply_rope_inplace(q, k, cos_sin_cache, positions, *, is_neox)
+apply_rope_with_kv_cache   rope.apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache,
+                           cos_sin_cache, positions, out_loc, *, is_neox)
+per_tensor_quant_fp8       per_tensor_quant_fp8.per_tensor_quant_fp8(input, output_q, output_s,
+                           is_static) -> None; dynamic: output_s must be zeroed first
+per_token_quant_fp8        per_token_group_quant_8bit.per_token_group_quant_8bit(input, output_q,
+                           output_s, group_size=H, eps, fp8_min, fp8_max)
+timestep_embedding         timestep_embedding.timestep_embedding(t, dim, flip_sin_to_cos,
+                           downscale_freq_shift, scale, max_period) -> new fp32 [B, dim]
+=========================  =====================================================================
+
+The rope and fp8 ops are registered by sglang as torch custom ops (``torch.ops.sglang.*``) and
+their public names are those ops, so an eager call goes through the torch dispatcher; the norm,
+per-token and timestep functions are plain Python functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from harness import Provider
+
+NAME = "sglang-jit"
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PATH = ROOT / ".whl" / "sglang_jit"
+FETCH = "benchmarks/fetch_sglang_jit.sh"
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+PER_TOKEN_EPS = 1e-10  # sglang's default eps for per-token-group quantization
+
+Inputs = dict[str, Any]
+Fn = Callable[[Inputs], Any]
+
+
+def path() -> Path:
+    """The fetched tree: ``$SGLANG_JIT_PATH``, else ``.whl/sglang_jit`` at the repo root."""
+    given = os.environ.get("SGLANG_JIT_PATH")
+    return Path(given).expanduser().resolve() if given else DEFAULT_PATH
+
+
+def _shown(p: Path) -> str:
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def version() -> str | None:
+    """sglang's version of the fetched tree (from its SOURCE.txt), or None when there is none."""
+    try:
+        text = (path() / "SOURCE.txt").read_text()
+    except OSError:
+        return None
+    m = re.search(r"^wheel: sglang-([^-]+)-", text, re.MULTILINE)
+    return m.group(1) if m else "unknown"
+
+
+def jit_module(name: str):
+    """``sglang.jit_kernel.<name>`` imported from the fetched tree; raises with the reason."""
+    root = path()
+    if not (root / "sglang" / "jit_kernel").is_dir():
+        raise FileNotFoundError(
+            f"no sglang jit_kernel in {_shown(root)} (run {FETCH}, or set SGLANG_JIT_PATH)"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError("sglang's jit_kernel is CUDA only and no CUDA GPU is visible")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    module = importlib.import_module(f"sglang.jit_kernel.{name}")
+    origin = Path(sys.modules["sglang"].__file__).resolve().parent.parent
+    if origin != root:
+        raise ImportError(f"sglang was already imported from {origin}, not from {_shown(root)}")
+    return module
+
+
+def provider(load: Callable[[], Fn], prepare: Callable[[Inputs], Inputs] | None = None) -> Provider:
+    """The harness provider ``sglang-jit`` for one loader."""
+    return Provider(NAME, load, prepare)
+
+
+def _absent(module: str, what: str, where: str) -> Fn:
+    jit_module(module)  # a missing tree or GPU is the reason first
+    raise NotImplementedError(f"sglang's jit_kernel has no {what} ({where})")
+
+
+# ------------------------------------------------------------------------------------------------
+# norm: inputs x, w, out (rmsnorm); x, r, w (fused add); q, k, qw, kw (qknorm)
+
+
+def load_rmsnorm(eps: float = 1e-6) -> Fn:
+    """``rmsnorm(x, w, out, eps)`` into ``inputs["out"]``; without an ``out`` (or None) sglang
+    normalizes ``x`` in place (its ``out=None`` means ``out = input``), where sgljit's rmsnorm
+    without ``out`` allocates a new tensor. input ``[N, D]`` (2-D, last dim contiguous), D in
+    {64, 128, 256} or a multiple of 256 up to 16384."""
+    f = jit_module("norm").rmsnorm
+    return lambda i: f(i["x"], i["w"], i.get("out"), eps)
+
+
+def load_fused_add_rmsnorm(eps: float = 1e-6) -> Fn:
+    """``fused_add_rmsnorm(x, r, w, eps)``, in place like sgljit's (residual <- x + r, x <-
+    rmsnorm(residual)). Same traffic; numerics differ slightly: sglang takes the sum of squares of
+    the fp32 sum and normalizes the sum rounded to the dtype. Needs contiguous rows and hidden
+    <= 8192 (12288 where the GPU has 32-byte vector loads); larger hidden sizes fail."""
+    f = jit_module("norm").fused_add_rmsnorm
+    return lambda i: f(i["x"], i["r"], i["w"], eps)
+
+
+def load_gemma_rmsnorm(eps: float = 1e-6) -> Fn:
+    return _absent("norm", "gemma rmsnorm", "sglang's gemma_rmsnorm is in the AOT sgl_kernel")
+
+
+def load_gemma_fused_add_rmsnorm(eps: float = 1e-6) -> Fn:
+    return _absent(
+        "norm", "gemma fused_add_rmsnorm", "sglang's gemma norms are in the AOT sgl_kernel"
+    )
+
+
+def load_qknorm(eps: float = 1e-6) -> Fn:
+    """``fused_inplace_qknorm(q, k, qw, kw, eps)``: q ``[T, Hq, D]``, k ``[T, Hk, D]`` in place
+    (strided rows allowed), one weight ``[D]`` each; D in {64, 128, 256, 512, 1024}."""
+    f = jit_module("norm").fused_inplace_qknorm
+    return lambda i: f(i["q"], i["k"], i["qw"], i["kw"], eps)
+
+
+def load_qknorm_across_heads(eps: float = 1e-6) -> Fn:
+    """``fused_inplace_qknorm_across_heads(q, k, qw, kw, eps)``, in place over whole rows. Unlike
+    sgljit's, q and k must have the *same* width and contiguous rows: a GQA shape (q 4096, k 1024
+    wide) or views into a fused qkv buffer are refused by its checks (reported as failed)."""
+    f = jit_module("norm").fused_inplace_qknorm_across_heads
+    return lambda i: f(i["q"], i["k"], i["qw"], i["kw"], eps)
+
+
+# ------------------------------------------------------------------------------------------------
+# rope: inputs q, k, cache, pos, is_neox; KV variant q, k, v, k_cache, v_cache, cache, pos, loc
+
+
+def load_apply_rope() -> Fn:
+    """``apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox=...)``: q ``[T, Hq, D]`` and
+    k ``[T, Hk, D]`` rotated in place, fp32 cache ``[max_pos, rope_dim]`` (cos | sin), int32/int64
+    positions; the rope dim is the cache's width (compiled in). Same work as sgljit's."""
+    f = jit_module("rope").apply_rope_inplace
+    return lambda i: f(i["q"], i["k"], i["cache"], i["pos"], is_neox=i["is_neox"])
+
+
+def prepare_kv_cache_2d(i: Inputs) -> Inputs:
+    """sglang's fused store takes caches ``[slots, Hk * D]`` only: 2-D views of the same memory."""
+    return {**i, "k_cache": i["k_cache"].flatten(1), "v_cache": i["v_cache"].flatten(1)}
+
+
+def load_apply_rope_with_kv_cache() -> Fn:
+    """``apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cache, pos, out_loc,
+    is_neox=True)`` (caches 2-D: use :func:`prepare_kv_cache_2d`; out_loc of positions' dtype;
+    rope dim must equal the head dim).
+
+    More work than sgljit's: sglang also writes the rotated k back into ``k`` (k is rotated in place
+    *and* stored), where sgljit leaves k untouched and only stores it: T x Hk x D more elements
+    written per call, which the family's byte count (sgljit's contract) does not include."""
+    f = jit_module("rope").apply_rope_inplace_with_kvcache
+    return lambda i: f(
+        i["q"], i["k"], i["v"], i["k_cache"], i["v_cache"], i["cache"], i["pos"], i["loc"],
+        is_neox=True,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# fp8 quantization: inputs x, out (and scale for static)
+
+
+def load_per_tensor_quant_fp8_static() -> Fn:
+    """``per_tensor_quant_fp8(x, out, scale, is_static=True)``: ``out = clip(x * (1 / scale))``
+    (a multiply by the reciprocal, where sgljit divides: results may differ by one fp8 step).
+    Contiguous input (it is viewed 1-D); e4m3 output only. Same traffic as sgljit's."""
+    f = jit_module("per_tensor_quant_fp8").per_tensor_quant_fp8
+    return lambda i: f(i["x"], i["out"], i["scale"], True)
+
+
+def prepare_dynamic_scale(i: Inputs) -> Inputs:
+    """The fp32 ``[1]`` scale buffer sglang's dynamic quantization writes (sgljit allocates its
+    own scale inside the call)."""
+    return {**i, "sglang_scale": torch.empty(1, dtype=torch.float32, device=i["x"].device)}
+
+
+def load_per_tensor_quant_fp8_dynamic() -> Fn:
+    """``scale.zero_()`` then ``per_tensor_quant_fp8(x, out, scale, is_static=False)``.
+
+    The timed call includes zeroing the scale (a fill kernel): sglang's absmax pass folds each
+    block's maximum into ``output_s`` with an atomic max, so the buffer must start at 0 on every
+    call (sglang's own caller allocates ``torch.zeros(1)`` per call). Then two kernels: absmax
+    (reads x) and quantize (reads x again). Scale ``absmax / 448`` with no lower bound (sgljit's
+    is at least 2^-126; an all-zero input gives sglang a scale of 0, then 1 / 0); quantize
+    multiplies by the reciprocal. Needs :func:`prepare_dynamic_scale`."""
+    f = jit_module("per_tensor_quant_fp8").per_tensor_quant_fp8
+
+    def fn(i):
+        s = i["sglang_scale"]
+        s.zero_()
+        f(i["x"], i["out"], s, False)
+
+    return fn
+
+
+def prepare_per_token_scales(i: Inputs) -> Inputs:
+    """The fp32 ``[T, 1]`` scales buffer sglang writes (sgljit allocates its own inside the call)."""
+    x = i["x"]
+    return {**i, "sglang_scales": torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)}
+
+
+def load_per_token_quant_fp8(eps: float = PER_TOKEN_EPS) -> Fn:
+    """``per_token_group_quant_8bit(x, out, scales, group_size=H, eps, -448, 448)``: sglang's
+    jit_kernel has per-token-*group* quantization only, so one group spans the row.
+
+    Its kernel gives each group 16 threads and reads the group twice (absmax, then quantize).
+    Scale ``max(absmax, eps) / 448`` with sglang's default eps 1e-10 (sgljit: ``max(absmax / 448,
+    2^-126)``); x / scale like sgljit. Row-major contiguous ``[T, H]`` with H a multiple of 8.
+    Needs :func:`prepare_per_token_scales`."""
+    f = jit_module("per_token_group_quant_8bit").per_token_group_quant_8bit
+
+    def fn(i):
+        x = i["x"]
+        return f(x, i["out"], i["sglang_scales"], x.shape[-1], eps, -FP8_MAX, FP8_MAX)
+
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------
+# timestep embedding: inputs t, dim, out
+
+
+def load_timestep_embedding(flip_sin_to_cos: bool = False, downscale_freq_shift: float = 0.0) -> Fn:
+    """``timestep_embedding(t, dim, flip_sin_to_cos, downscale_freq_shift)``; scale 1 and
+    max_period 10000 (both defaults). It always allocates and returns a new fp32 ``[B, dim]``
+    (no ``out=``), and dim must be a multiple of 8. For an fp16/bf16 ``inputs["out"]`` the result
+    is cast with ``.to(dtype)``: an extra kernel, and the embedding written in fp32 then read
+    again, where sgljit writes the narrow dtype once. The returned tensor is not copied into
+    ``out`` (sgljit writes there)."""
+    f = jit_module("timestep_embedding").timestep_embedding
+
+    def fn(i):
+        y = f(i["t"], i["dim"], flip_sin_to_cos, downscale_freq_shift)
+        out = i.get("out")
+        return y if out is None or out.dtype == torch.float32 else y.to(out.dtype)
+
+    return fn

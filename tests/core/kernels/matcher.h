@@ -1,0 +1,72 @@
+// CPU wrappers used by core's tests of TensorMatcher: each verifies its arguments and does nothing.
+#pragma once
+#include <sgljit/tensor.h>
+
+#include <cstdint>
+
+// Two tensors related through symbols (rows, dtype, device); y's width is fixed at 4.
+struct MatchRows {
+  static void run(tvm::ffi::TensorView x, tvm::ffi::TensorView y) {
+    using namespace sgljit;
+    SymbolicSize R{"rows"}, C{"cols"}, S{"row_stride"};
+    auto dt = SymbolicDType::of<float, double>();
+    SymbolicDevice dev;
+    TensorMatcher({R, C}).with_strides({S, 1}).with_dtype(dt).with_device(kDLCPU, dev).verify(x, "x");
+    TensorMatcher({R, 4}).with_strides({kAnySize, 1}).with_dtype(dt).with_device(dev).verify(y, "y");
+  }
+};
+
+struct MatchContiguous {
+  static void run(tvm::ffi::TensorView x) {
+    using namespace sgljit;
+    TensorMatcher({kAnySize, kAnySize}).contiguous().with_dtype<float>().verify(x, "x");
+  }
+};
+
+struct MatchOnCuda {
+  static void run(tvm::ffi::TensorView x) {
+    using namespace sgljit;
+    TensorMatcher({kAnySize}).with_device(kDLCUDA).verify(x, "x");
+  }
+};
+
+// Reads a symbol of the kind `which` names (0 size, 1 dtype, 2 device) that nothing bound.
+struct ReadUnbound {
+  static void run(int64_t which) {
+    using namespace sgljit;
+    SymbolicSize k{"k"};
+    SymbolicDType dt;
+    SymbolicDevice dev;
+    if (which == 0) (void)k.value();
+    if (which == 1) (void)dt.value();
+    if (which == 2) (void)dev.value();
+  }
+};
+
+// A tensor the op would write, 2-D or 3-D: its elements must not share memory.
+struct MatchWritable2 {
+  static void run(tvm::ffi::TensorView out) {
+    using namespace sgljit;
+    TensorMatcher({kAnySize, kAnySize}).with_dtype<float>().writable().verify(out, "out");
+  }
+};
+
+struct MatchWritable3 {
+  static void run(tvm::ffi::TensorView out) {
+    using namespace sgljit;
+    TensorMatcher({kAnySize, kAnySize, kAnySize}).with_dtype<float>().writable().verify(out, "out");
+  }
+};
+
+// SGLJIT_CHECK evaluates its message only on failure: returns how many times the message was built.
+struct CheckLazily {
+  static int64_t run(bool fail) {
+    int64_t built = 0;
+    auto message = [&] {
+      ++built;
+      return "the message";
+    };
+    SGLJIT_CHECK(!fail, "check failed: ", message());
+    return built;
+  }
+};

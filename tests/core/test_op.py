@@ -1,0 +1,254 @@
+"""The op spec (sgljit.op): what a declaration derives — dispatch, the custom op, argument checks in
+Python and generated C++, prebuild entries and check cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgljit
+from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor
+from sgljit.testing import bad_inputs
+
+from ..conftest import run_python
+
+family = Family("test_op", __file__)
+calls: list[str] = []
+
+
+def _scaled_copy(input, out, factor):
+    calls.append("reference")
+    out.copy_(input * factor)
+
+
+def _launch(module, key, input, out, factor):
+    calls.append(f"sycl {key['SGLJIT_T']}")
+    out.copy_(input * factor)
+
+
+scaled_copy = family.op(
+    "test_op_scaled_copy",
+    args={
+        "input": Tensor("rows", "width"),
+        "out": Tensor("rows", "width", dtype="input", io="out"),
+        "factor": Scalar(float, min=0.0),
+    },
+    reference=_scaled_copy,
+    sycl=Sycl("scale.hpp", key=lambda input, *_: {"SGLJIT_T": input.dtype}, launch=_launch),
+    prebuild={"sycl": [{"SGLJIT_T": torch.float32}, {"SGLJIT_T": torch.float16}]},
+    cases=[
+        Case("3x5 fp32", lambda dev: (torch.randn(3, 5, device=dev), torch.empty(3, 5), 2.0), 0)
+    ],
+)
+family.sycl_module = lambda module, key: None  # no SYCL build: _launch stands in for the kernel
+
+
+def test_eager_calls_dispatch_by_backend_without_the_custom_op():
+    calls.clear()
+    x, out = torch.randn(4, 3), torch.empty(4, 3)
+    scaled_copy(x, out, 2.0)
+    torch.testing.assert_close(out, x * 2)
+    with sgljit.use_backend("sycl"):
+        scaled_copy(x, out, factor=3.0)
+    torch.testing.assert_close(out, x * 3)
+    assert calls == ["reference", "sycl torch.float32"]
+    assert hasattr(torch.ops.sgljit, "test_op_scaled_copy")
+    assert (
+        str(scaled_copy.signature)
+        == "(input: torch.Tensor, out: torch.Tensor, factor: float) -> None"
+    )
+
+
+def test_compiles_fullgraph_through_the_custom_op():
+    @torch.compile(fullgraph=True)
+    def f(x):
+        out = torch.empty_like(x)
+        scaled_copy(x, out, 4.0)
+        return out + 1
+
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(f(x), x * 4 + 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (
+            (torch.randn(4), torch.empty(4), 1.0),
+            ValueError,
+            r"^input: expected 2-D tensor of shape \[rows, width\], got 1-D",
+        ),
+        (
+            (torch.randn(4, 3), torch.empty(4, 2), 1.0),
+            ValueError,
+            r"^out: dimension 1 expected 3 \(width\), got 2",
+        ),
+        (
+            (torch.randn(4, 3), torch.empty(4, 3, dtype=torch.float64), 1.0),
+            ValueError,
+            r"^out: dtype expected float32 \(same as",
+        ),
+        (
+            (torch.randn(4, 3).int(), torch.empty(4, 3), 1.0),
+            ValueError,
+            r"^input: dtype expected one of \{float16, bfloat16, float32\}, got int32",
+        ),
+        (
+            (torch.randn(4, 6)[:, ::2], torch.empty(4, 3), 1.0),
+            ValueError,
+            r"^input: stride of dimension 1 expected 1, got 2",
+        ),
+        (
+            (torch.randn(4, 3), torch.empty(1, 3).expand(4, 3), 1.0),
+            ValueError,
+            r"^out: sgljit writes it, but its elements may share memory",
+        ),
+        (
+            (torch.randn(4, 3), torch.empty(4, 3), -1.0),
+            ValueError,
+            r"^factor: expected a value >= 0.0, got -1.0",
+        ),
+        (
+            (torch.randn(4, 3), torch.empty(4, 3), "2"),
+            TypeError,
+            r"^factor: expected float, got str",
+        ),
+        (([1.0], torch.empty(4, 3), 1.0), TypeError, r"^input: expected a torch.Tensor, got list"),
+        ((torch.randn(4, 3), None, 1.0), TypeError, r"^out: expected a torch.Tensor, got NoneType"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["reference", "sycl"])
+def test_arguments_are_checked_naming_them(backend, args, error, message):
+    with sgljit.use_backend(backend), pytest.raises(error, match=message):
+        scaled_copy(*args)
+
+
+def test_kernels_refuse_inputs_that_require_grad_and_the_reference_keeps_the_graph():
+    x = torch.randn(2, 3, requires_grad=True)
+    out = torch.empty(2, 3)
+    with (
+        sgljit.use_backend("sycl"),
+        pytest.raises(RuntimeError, match=r"^input: requires grad.*inference-only on sycl"),
+    ):
+        scaled_copy(x, out, 1.0)
+    with sgljit.use_backend("sycl"), torch.no_grad():
+        scaled_copy(x, out, 1.0)
+    scaled_copy(x, out, 1.0)
+    assert out.grad_fn is not None
+
+
+def test_generated_cpp_checks_mirror_the_spec():
+    code = scaled_copy.cpp_checks("checked", "Kernel<4>::run")
+    assert 'SymbolicSize size_rows{"rows"}, size_width{"width"};' in code
+    assert (
+        "TensorMatcher({size_rows, size_width}).with_strides({kAnySize, 1})"
+        '.with_dtype<fp16_t, bf16_t, fp32_t>(dtype_input).with_device(kDLCUDA, device).verify(input, "input");'
+    ) in code
+    assert '.with_dtype(dtype_input).with_device(device).writable().verify(out, "out");' in code
+    assert 'RuntimeCheck(factor >= 0.0, "factor: expected a value >= 0.0, got ", factor);' in code
+    assert code.rstrip().endswith("Kernel<4>::run(input, out, factor);\n}")
+
+
+def test_bad_inputs_are_generated_from_the_spec():
+    found = {what: name for what, _, name in bad_inputs(scaled_copy, torch.device("cpu"), "sycl")}
+    assert found == {
+        "input not a tensor": "input",
+        "input with an extra dimension": "input",
+        "input of dtype torch.float64": "input",
+        "input with a strided last dimension": "input",
+        "input requiring grad": "input",
+        "out not a tensor": "out",
+        "out with an extra dimension": "out",
+        "out of dtype torch.float16": "out",
+        "out disagreeing on rows": "out",
+        "out disagreeing on width": "out",
+        "out with a strided last dimension": "out",
+        "out expanded": "out",
+        "factor below its minimum": "factor",
+        "factor not a number": "factor",
+    }
+
+
+def test_prebuild_specs_are_one_per_module_with_dtypes_by_name():
+    assert family.prebuild_specs("sycl") == [
+        {"op": "test_op_scaled_copy", "SGLJIT_T": "float32"},
+        {"op": "test_op_scaled_copy", "SGLJIT_T": "float16"},
+    ]
+    assert family.prebuild_specs("cuda") == []
+    with pytest.raises(ValueError, match="has no 'cuda' kernel"):
+        family.prebuild("cuda", "test_op_scaled_copy", SGLJIT_T="float32")
+
+
+def test_declarations_are_checked():
+    with pytest.raises(ValueError, match=r"\['mode'\] are reserved by torch.compile"):
+        family.op("test_op_reserved", args={"x": Tensor(4), "mode": Scalar(int)}, reference=print)
+    with pytest.raises(ValueError, match="the first argument must be a tensor"):
+        family.op("test_op_scalar_first", args={"n": Scalar(int), "x": Tensor(4)}, reference=print)
+    with pytest.raises(ValueError, match="y's dtype refers to 'z', not an earlier tensor"):
+        family.op(
+            "test_op_dtype_ref",
+            args={"x": Tensor(4), "y": Tensor(4, dtype="z"), "z": Tensor(4)},
+            reference=print,
+        )
+    with pytest.raises(ValueError, match="declares op 'test_op_scaled_copy' twice"):
+        family.op("test_op_scaled_copy", args={"x": Tensor(4)}, reference=print)
+    with pytest.raises(ValueError, match="family 'test_op' declared it already"):
+        Family("test_op_other", __file__).op(
+            "test_op_scaled_copy", args={"x": Tensor(4)}, reference=print
+        )
+
+
+def test_the_backend_variable_is_read_once_at_import():
+    result = run_python(
+        """
+        import os, torch, sgljit
+        print(sgljit.select_backend(torch.zeros(1)))
+        os.environ["SGLJIT_BACKEND"] = "reference"
+        print(sgljit.select_backend(torch.zeros(1)))
+        with sgljit.use_backend("reference"):
+            print(sgljit.select_backend(torch.zeros(1)))
+        """,
+        env={"SGLJIT_BACKEND": "sycl"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["sycl", "sycl", "reference"]
+    bad = run_python(
+        "import torch, sgljit; sgljit.select_backend(torch.zeros(1))", env={"SGLJIT_BACKEND": "tpu"}
+    )
+    assert "SGLJIT_BACKEND='tpu': expected one of cuda, sycl, reference" in bad.stderr
+
+
+def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(monkeypatch):
+    """The CUDA path without a GPU: the module loader and backend choice are stand-ins."""
+    built, ran = [], []
+    fam = Family("test_op_cuda", __file__)
+
+    def tvm_function(input, out, factor):  # what tvm-ffi would call; it refuses a non-float factor
+        if not isinstance(factor, float):
+            raise TypeError("Mismatched type on argument #2")
+        ran.append(tuple(input.shape))
+
+    op = fam.op(
+        "test_op_cuda_copy",
+        args={
+            "input": Tensor("n"),
+            "out": Tensor("n", dtype="input", io="out"),
+            "factor": Scalar(float),
+        },
+        reference=lambda *a: None,
+        cuda=Cuda("k.cuh", "K<{dtype}>::run", key=lambda input, *_: {"dtype": input.dtype}),
+    )
+    fam.cuda_module = lambda module, key: (
+        built.append(dict(key)) or type("M", (), {op.name: staticmethod(tvm_function)})
+    )
+    monkeypatch.setattr("sgljit.op._backend.select_backend", lambda t: "cuda")
+    x = torch.randn(5)
+    with torch.no_grad():
+        op(x, torch.empty(5), 1.0)
+        op(torch.randn(7), torch.empty(7), 2.0)
+        with pytest.raises(ValueError, match=r"^input: dtype expected one of"):
+            op(x.int(), torch.empty(5), 1.0)  # refused before any build for int32
+        with pytest.raises(TypeError, match=r"^factor: expected float, got str"):
+            op(x, torch.empty(5), "1")  # tvm-ffi's positional TypeError, renamed
+    assert built == [{"dtype": torch.float32}]
+    assert ran == [(5,), (7,)]
