@@ -80,17 +80,15 @@ def _reference(t, out, flip_sin_to_cos, downscale_freq_shift, scale, max_period)
 
 
 # ------------------------------------------------------------------------------------------------
-# Specializations. CUDA: one module per output dtype. The key is computed before any argument is
-# checked, so it must not fail: anything that is not an output dtype goes to the fp32 module,
-# whose generated checks refuse it naming the argument. SYCL: one module per (timestep dtype,
-# output dtype); its key runs after the Python checks.
+# Specializations. CUDA: one module per output dtype (the keys are built once; an out that is not
+# a tensor of an output dtype fails the lookup, and core then checks the arguments in Python and
+# names it). SYCL: one module per (timestep dtype, output dtype).
 
 _CUDA_KEYS = {d: {"out_dtype": d} for d in OUT_DTYPES}
-_CUDA_FALLBACK = _CUDA_KEYS[torch.float32]
 
 
 def _cuda_key(t, out, *_) -> dict:
-    return _CUDA_KEYS.get(getattr(out, "dtype", None), _CUDA_FALLBACK)
+    return _CUDA_KEYS[out.dtype]
 
 
 def _sycl_key(t, out, *_) -> dict:
