@@ -238,15 +238,6 @@ def test_empty_batch(backend):
     assert out.shape == (0, 256)
 
 
-def test_strided_timesteps(backend):
-    base = timesteps(3 * 37, seed=5)
-    t = base.to(device_of(backend))[::3]
-    assert t.stride(0) == 3
-    assert_embedding(
-        run(backend, t, 320, flip_sin_to_cos=True), oracle(t, 320, True)[0], torch.float32
-    )
-
-
 @pytest.mark.parametrize(
     "t_dtype",
     [torch.int64, torch.float16, torch.float64, torch.int8],
@@ -274,59 +265,59 @@ def test_timestep_dtypes_cuda(t_dtype):
 
 
 # ------------------------------------------------------------------------------------------------
-# Errors
+# Errors: what the public function adds (argument combinations, conversions) and what the op checks
+# beyond its argument specs. Shapes, dtypes, layouts, devices, scalar types and bounds come from the
+# spec and are the conformance suite's (tests/plugins/test_conformance.py).
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("args", "kwargs", "exc", "match"),
     [
-        ((torch.zeros(2, 3), 8), {}, ValueError, r"t: expected a 1-D"),
-        ((torch.zeros(()), 8), {}, ValueError, r"t: expected a 1-D"),
-        ((torch.zeros(4, dtype=torch.complex64), 8), {}, TypeError, r"t: expected a real"),
-        ((torch.zeros(4, dtype=torch.bool), 8), {}, TypeError, r"t: expected a real"),
-        (([1.0, 2.0], 8), {}, TypeError, r"t: expected a torch.Tensor"),
-        ((torch.ones(4), 0), {}, ValueError, r"dim: expected a positive"),
-        ((torch.ones(4), -3), {}, ValueError, r"dim: expected a positive"),
-        ((torch.ones(4), 8.0), {}, TypeError, r"dim: expected an int"),
-        ((torch.ones(4), 8), {"max_period": 0}, ValueError, r"max_period: expected a positive"),
-        ((torch.ones(4), 8), {"max_period": -10.0}, ValueError, r"max_period: expected a positive"),
+        ((torch.zeros(()), 8), {}, ValueError, r"^t: expected a 1-D tensor of timesteps"),
+        ((torch.zeros(2, 3), 8), {}, ValueError, r"^t: expected 1-D tensor"),
+        ((torch.zeros(4, dtype=torch.complex64), 8), {}, TypeError, r"^t: expected a real"),
+        ((torch.zeros(4, dtype=torch.bool), 8), {}, TypeError, r"^t: expected a real"),
+        (([1.0, 2.0], 8), {}, TypeError, r"^t: expected a torch.Tensor"),
+        ((torch.ones(4), 0), {}, ValueError, r"^dim: expected a positive"),
+        ((torch.ones(4), -3), {}, ValueError, r"^dim: expected a positive"),
+        ((torch.ones(4), 8.0), {}, TypeError, r"^dim: expected an int"),
+        ((torch.ones(4), True), {}, TypeError, r"^dim: expected an int"),
+        ((torch.ones(4), 8), {"max_period": 0}, ValueError, r"^max_period: expected a value >="),
+        (
+            (torch.ones(4), 8),
+            {"max_period": -10.0},
+            ValueError,
+            r"^max_period: expected a value >=",
+        ),
         (
             (torch.ones(4), 8),
             {"max_period": float("inf")},
             ValueError,
-            r"max_period: expected a finite",
+            r"^max_period: expected a value <=",
         ),
-        ((torch.ones(4), 8), {"scale": "2"}, TypeError, r"scale: expected a real"),
+        ((torch.ones(4), 8), {"scale": float("nan")}, ValueError, r"^scale: expected a value"),
         (
             (torch.ones(4), 8),
-            {"downscale_freq_shift": 4},
+            {"downscale_freq_shift": -float("inf")},
             ValueError,
-            r"downscale_freq_shift: must differ",
+            r"^downscale_freq_shift: expected a value >=",
         ),
-        (
-            (torch.ones(4), 8),
-            {"flip_sin_to_cos": 1},
-            TypeError,
-            r"flip_sin_to_cos: expected a bool",
-        ),
-        ((torch.ones(4), 8), {"dtype": torch.float64}, TypeError, r"dtype: expected one of"),
-        ((torch.ones(4), 8), {"out": torch.empty(4, 9)}, ValueError, r"out: expected shape"),
-        (
-            (torch.ones(4), 8),
-            {"out": torch.empty(4, 8, dtype=torch.int32)},
-            TypeError,
-            r"out: expected dtype",
-        ),
+        ((torch.ones(4), 8), {"scale": "2"}, TypeError, r"^scale: expected float"),
+        ((torch.ones(4), 8), {"flip_sin_to_cos": 1}, TypeError, r"^flip_sin_to_cos: expected bool"),
+        ((torch.ones(4), 8), {"dtype": torch.float64}, TypeError, r"^dtype: expected one of"),
+        ((torch.ones(4), 8), {"out": [0.0] * 32}, TypeError, r"^out: expected a torch.Tensor"),
+        ((torch.ones(4), 8), {"out": torch.empty(4, 9)}, ValueError, r"^out: expected shape"),
+        ((torch.ones(4), 8), {"out": torch.empty(5, 8)}, ValueError, r"^out: expected shape"),
         (
             (torch.ones(4), 8),
             {"out": torch.empty(4, 8), "dtype": torch.bfloat16},
             ValueError,
-            r"out: dtype torch.float32 differs",
+            r"^out: dtype torch.float32 differs",
         ),
         (
             (torch.ones(4), 8),
-            {"out": torch.empty(8, 4).t()},
+            {"out": torch.empty(4, 8, dtype=torch.int32)},
             ValueError,
-            r"out: expected a contiguous",
+            r"^out: dtype expected one of",
         ),
     ],
 )
@@ -335,15 +326,70 @@ def test_bad_inputs(args, kwargs, exc, match):
         sgljit.ops.timestep_embedding(*args, **kwargs)
 
 
+def test_timesteps_of_other_dtypes_are_converted_and_dim_may_be_any_integral():
+    t = torch.tensor([0, 3, 250], dtype=torch.uint8)
+    got = sgljit.ops.timestep_embedding(t, torch.tensor(64).numpy()[()])  # a numpy integer dim
+    torch.testing.assert_close(got, sgljit.ops.timestep_embedding(t.float(), 64), rtol=0, atol=0)
+
+
+def _op_call(backend, out, **kw):
+    """The op itself (destination passing), on `backend`."""
+    op = ops.family.ops["timestep_embedding"]
+    args = {"flip_sin_to_cos": False, "downscale_freq_shift": 0.0, "scale": 1.0, "max_period": 1e4}
+    args.update(kw)
+    t = torch.ones(out.shape[0], device=out.device)
+    with sgljit.use_backend(backend):
+        op(t, out, *args.values())
+
+
+def test_shift_equal_to_half_dim_is_refused_by_the_op(backend):
+    """dim // 2 - downscale_freq_shift is the exponent's divisor: every backend refuses 0."""
+    out = torch.empty(4, 9, device=device_of(backend))
+    with pytest.raises(
+        (ValueError, RuntimeError), match=r"^downscale_freq_shift: must differ from dim // 2 = 4"
+    ):
+        _op_call(backend, out, downscale_freq_shift=4.0)
+    _op_call(
+        backend, torch.empty(4, 1, device=device_of(backend)), downscale_freq_shift=0.0
+    )  # half 0
+
+
+def test_an_empty_embedding_is_refused_by_the_op(backend):
+    with pytest.raises(
+        (ValueError, RuntimeError), match=r"^out: dim must be in \[1, 2\^30\], got 0"
+    ):
+        _op_call(backend, torch.empty(4, 0, device=device_of(backend)))
+
+
+def test_the_kernels_refuse_a_misaligned_out(backend):
+    """The kernels store 16-byte vectors; the reference writes anywhere."""
+    buf = torch.empty(4 * 8 + 1, device=device_of(backend))
+    out = buf[1:].view(4, 8)
+    if backend == "reference":
+        _op_call(backend, out)
+        assert_embedding(out, oracle(torch.ones(4), 8)[0], torch.float32)
+        return
+    with pytest.raises(
+        (ValueError, RuntimeError), match=r"^out: data pointer must be 16-byte aligned"
+    ):
+        _op_call(backend, out)
+
+
 def test_torch_compile_fullgraph_reference():
+    """The public function (its allocation, conversion and checks) traces with fullgraph."""
     op = sgljit.ops.timestep_embedding
 
     def f(t, out):
         return op(t, 7, flip_sin_to_cos=True, scale=2.0, out=out).mul(3.0)
 
+    def g(t):
+        return op(t, 8, dtype=torch.bfloat16, downscale_freq_shift=1).float()
+
     t = timesteps(9)
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(t, torch.empty(9, 7))
     torch.testing.assert_close(got, f(t, torch.empty(9, 7)), rtol=0, atol=0)
+    got = torch.compile(g, fullgraph=True, backend="aot_eager")(t.to(torch.int16))
+    torch.testing.assert_close(got, g(t.to(torch.int16)), rtol=0, atol=0)
 
 
 def test_dim_one_and_odd_dims_write_a_zero_column():
@@ -463,18 +509,26 @@ def cuda_build_env(tmp_path_factory):
         yield
 
 
-@pytest.mark.parametrize("spec", ops.prebuild_specs("cuda"), ids=lambda s: str(s["out_dtype"]))
+@pytest.mark.parametrize("spec", ops.family.prebuild_specs("cuda"), ids=lambda s: s["out_dtype"])
 def test_cuda_compiles(cuda_build_env, spec):
     """Every CUDA specialization (one module per output dtype) builds for sm_90a."""
-    module = ops._cuda_module.__wrapped__(**spec)
+    ops.family.clear()
+    module = ops.family.prebuild("cuda", **spec)
     assert hasattr(module, "timestep_embedding")
 
 
 def test_prebuild_specs():
-    assert ops.prebuild_specs("cuda") == [{"out_dtype": d} for d in OUT_DTYPES]
-    assert {"t_dtype": torch.float32, "out_dtype": torch.float32} in ops.prebuild_specs("sycl")
-    with pytest.raises(ValueError, match="backend"):
-        ops.prebuild_specs("metal")
+    """One CUDA module per output dtype; SYCL per (timestep dtype, output dtype) for the fp32 and
+    int64 timesteps of serving."""
+    names = [str(d).removeprefix("torch.") for d in OUT_DTYPES]
+    assert ops.family.prebuild_specs("cuda") == [
+        {"op": "timestep_embedding", "out_dtype": d} for d in names
+    ]
+    assert ops.family.prebuild_specs("sycl") == [
+        {"op": "timestep_embedding", "SGLJIT_TIN": t, "SGLJIT_T": o}
+        for t in ("float32", "int64")
+        for o in names
+    ]
 
 
 needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -510,33 +564,3 @@ def test_cuda_torch_compile_fullgraph():
     got = torch.compile(f, fullgraph=True)(t)
     want = oracle(t, 256, True, scale=2.0)[0] * 3.0
     assert (got.cpu().double() - want).abs().max().item() <= 3e-6
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("dim", [256, 7])
-def test_cuda_graph_capture_and_replay(dim):
-    t = torch.rand(129, device="cuda") * 1000
-    out = torch.empty(129, dim, device="cuda")
-    sgljit.ops.timestep_embedding(t, dim, out=out)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sgljit.ops.timestep_embedding(t, dim, out=out)
-    for seed in range(2):
-        t.copy_(timesteps(129, seed=seed + 10).cuda())
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_embedding(out, oracle(t, dim)[0], torch.float32, f"replay {seed}")
-
-
-@pytest.mark.gpu
-@needs_gpu
-def test_cuda_current_stream():
-    t = torch.rand(4109, device="cuda") * 1000
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        out = sgljit.ops.timestep_embedding(t, 320)
-    stream.synchronize()
-    assert_embedding(out, oracle(t, 320)[0], torch.float32)

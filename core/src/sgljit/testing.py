@@ -23,6 +23,7 @@ A plugin's tests get all of it with one line::
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -212,7 +213,10 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
         spec, t = op.args[name], base[i]
         if isinstance(spec, Scalar):
             if spec.min is not None:
-                found.append((f"{name} below its minimum", replaced(i, spec.min - 1), name))
+                below = spec.min - 1
+                if not below < spec.min:  # a float minimum too large for 1 to change it
+                    below = -math.inf
+                found.append((f"{name} below its minimum", replaced(i, below), name))
             found.append((f"{name} not a number", replaced(i, "1"), name))
             continue
         found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))

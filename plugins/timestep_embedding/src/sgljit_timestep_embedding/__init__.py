@@ -5,7 +5,5 @@ MANIFEST = {
     "version": "0.1.0",
     "requires_sgljit": ">=0.1,<0.2",
     "ops": {"timestep_embedding": "sgljit_timestep_embedding.ops:timestep_embedding"},
-    "kernel_dirs": ["csrc", "sycl"],
-    "prebuild": "sgljit_timestep_embedding.ops:prebuild_specs",
-    "check": "sgljit_timestep_embedding.ops:check_cases",
+    "family": "sgljit_timestep_embedding.ops:family",
 }

@@ -39,6 +39,7 @@
 #include <sgljit/vec.cuh>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace sgljit_timestep_embedding {
@@ -262,20 +263,24 @@ void launch(const Params& p, bool rows_kernel, DLDevice device) {
 }
 
 // out[B, dim] (contiguous, TOut) = embedding of t[B] (1-D, any stride; fp32/fp16/bf16/fp64/int32/int64).
-// Scalars arrive as Python floats and are rounded to fp32 here, as PyTorch rounds scalar operands.
+// Shapes, layout, dtypes, devices and overlap were checked by the code sgljit.op generates from the op's
+// declared arguments (see ops.py); here only what the arguments' specs cannot say, and what the
+// specialization assumes. Scalars arrive as Python floats; -ln(max_period) and the denominator are
+// computed in fp64 and rounded to fp32 here, as PyTorch rounds scalar operands.
 template <typename TOut>
 struct TimestepEmbeddingKernel {
   static constexpr int V = kVecSize<TOut>;
 
   static void run(tvm::ffi::TensorView t, tvm::ffi::TensorView out, bool flip_sin_to_cos,
-                  double neg_log_max_period, double denominator, double scale) {
-    SymbolicSize B{"batch"}, D{"dim"};
-    SymbolicDevice device;
-    auto out_dtype = SymbolicDType::of<TOut>();
-    TensorMatcher({B}).with_device(kDLCUDA, device).verify(t, "t");
-    TensorMatcher({B, D}).contiguous().with_dtype(out_dtype).with_device(device).verify(out, "out");
-    const int64_t rows = B.value(), dim = D.value();
+                  double downscale_freq_shift, double scale, double max_period) {
+    RuntimeCheck(same_dtype(out.dtype(), DTypeTrait<TOut>::value), "out: this module was compiled for dtype ",
+                 dtype_name(DTypeTrait<TOut>::value), ", got ", dtype_name(out.dtype()));
+    const int64_t rows = out.size(0), dim = out.size(1);
     RuntimeCheck(dim >= 1 && dim <= (int64_t{1} << 30), "out: dim must be in [1, 2^30], got ", dim);
+    const int64_t half = dim / 2;
+    const double denominator = half > 0 ? static_cast<double>(half) - downscale_freq_shift : 1.0;
+    RuntimeCheck(denominator != 0, "downscale_freq_shift: must differ from dim // 2 = ", half,
+                 " (the exponent is divided by dim // 2 - downscale_freq_shift), got ", downscale_freq_shift);
     if (rows == 0) return;
 
     Params p{};
@@ -284,9 +289,9 @@ struct TimestepEmbeddingKernel {
     p.t_stride = t.stride(0);
     p.rows = rows;
     p.dim = dim;
-    p.half = static_cast<int>(dim / 2);
+    p.half = static_cast<int>(half);
     p.flip = flip_sin_to_cos;
-    p.neg_log_max_period = static_cast<float>(neg_log_max_period);
+    p.neg_log_max_period = static_cast<float>(-std::log(max_period));
     p.denominator = static_cast<float>(denominator);
     p.scale = static_cast<float>(scale);
     const bool aligned = reinterpret_cast<uintptr_t>(p.out) % kVecBytes == 0;
@@ -297,7 +302,7 @@ struct TimestepEmbeddingKernel {
     RuntimeCheck(aligned, "out: data pointer must be 16-byte aligned");
 
     const DLDataType dt = t.dtype();
-    const DLDevice dev = device.value();
+    const DLDevice dev = out.device();
     if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 32) {
       launch<float, TOut, V>(p, rows_kernel, dev);
     } else if (dt.lanes == 1 && dt.code == kDLFloat && dt.bits == 16) {
