@@ -84,11 +84,8 @@ def _reference(t, out, flip_sin_to_cos, downscale_freq_shift, scale, max_period)
 # a tensor of an output dtype fails the lookup, and core then checks the arguments in Python and
 # names it). SYCL: one module per (timestep dtype, output dtype).
 
-_CUDA_KEYS = {d: {"out_dtype": d} for d in OUT_DTYPES}
-
-
-def _cuda_key(t, out, *_) -> dict:
-    return _CUDA_KEYS[out.dtype]
+def _cuda_key(t, out, *_) -> tuple:
+    return (out.dtype,)
 
 
 def _sycl_key(t, out, *_) -> dict:
@@ -196,6 +193,7 @@ _timestep_embedding = family.op(
         "csrc/timestep_embedding.cuh",
         "sgljit_timestep_embedding::TimestepEmbeddingKernel<{out_dtype}>::run",
         key=_cuda_key,
+        params=("out_dtype",),
     ),
     sycl=Sycl("sycl/timestep_embedding.hpp", key=_sycl_key, launch=_sycl_launch),
     prebuild={
