@@ -223,7 +223,7 @@ def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(m
     built, ran = [], []
     fam = Family("test_op_cuda", __file__)
 
-    def tvm_function(input, out, factor):  # what tvm-ffi would call; it refuses a non-float factor
+    def tvm_function(input, out, factor, exact):  # what tvm-ffi would call: refuses a str factor
         if not isinstance(factor, float):
             raise TypeError("Mismatched type on argument #2")
         ran.append(tuple(input.shape))
@@ -234,6 +234,7 @@ def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(m
             "input": Tensor("n"),
             "out": Tensor("n", dtype="input", io="out"),
             "factor": Scalar(float),
+            "exact": Scalar(bool),
         },
         reference=lambda *a: None,
         cuda=Cuda(
@@ -246,11 +247,13 @@ def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(m
     monkeypatch.setattr("sgljit.op._backend.select_backend", lambda t: "cuda")
     x = torch.randn(5)
     with torch.no_grad():
-        op(x, torch.empty(5), 1.0)
-        op(torch.randn(7), torch.empty(7), 2.0)
+        op(x, torch.empty(5), 1.0, True)
+        op(torch.randn(7), torch.empty(7), 2.0, False)
         with pytest.raises(ValueError, match=r"^input: dtype expected one of"):
-            op(x.int(), torch.empty(5), 1.0)  # refused before any build for int32
+            op(x.int(), torch.empty(5), 1.0, True)  # refused before any build for int32
         with pytest.raises(TypeError, match=r"^factor: expected float, got str"):
-            op(x, torch.empty(5), "1")  # tvm-ffi's positional TypeError, renamed
+            op(x, torch.empty(5), "1", True)  # tvm-ffi's positional TypeError, renamed
+        with pytest.raises(TypeError, match=r"^exact: expected bool, got int"):
+            op(x, torch.empty(5), 1.0, 1)  # tvm-ffi would pass 1 as True
     assert built == [{"dtype": torch.float32}]
     assert ran == [(5,), (7,)]

@@ -87,8 +87,7 @@ def _cuda_specs() -> list[dict]:
     specs += [dict(op="rmsnorm", dtype=dt, width=w(dt, h)) for dt, h in GEMMA_CASES["cuda"]]
     specs += [dict(op="qknorm", dtype=dt, width=w(dt, d)) for dt, d in QK_CASES["cuda"]]
     for dt, wq, wk in ACROSS_CASES["cuda"]:
-        q, k = torch.empty(1, wq, dtype=dt), torch.empty(1, wk, dtype=dt)
-        specs.append(dict(op="qknorm_across_heads", **ops._across_key(q, k)))
+        specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk)))
     unique = {}
     for s in specs:
         s = {k: _name(v) if isinstance(v, torch.dtype) else v for k, v in s.items()}

@@ -214,6 +214,10 @@ class Op:
         )
         self._tensor_index = tuple((i, n) for i, n in enumerate(self.params) if n in tensors)
         self._arity = len(self.params)
+        # tvm-ffi turns 1 into True: bool arguments are checked before a CUDA call, as elsewhere
+        self._bools = tuple(
+            (i, n) for i, n in enumerate(self.params) if _annotation(self.args[n]) is bool
+        )
         self._cuda_fns: dict = {}
         self._sycl_modules: dict = {}
 
@@ -254,6 +258,9 @@ class Op:
         if backend != "reference" and _grad_enabled():
             self._refuse_grad(backend, args)
         if backend == "cuda":  # the eager hot path: one key, one lookup, one tvm-ffi call
+            for i, name in self._bools:
+                if args[i] is not True and args[i] is not False:
+                    raise TypeError(f"{name}: expected bool, got {type(args[i]).__name__}")
             try:
                 fn = self._cuda_fns[self.cuda.key(*args)]
             except Exception:  # a new specialization, no CUDA kernel, or a key that cannot be read

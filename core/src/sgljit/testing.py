@@ -217,6 +217,13 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
                 if not below < spec.min:  # a float minimum too large for 1 to change it
                     below = -math.inf
                 found.append((f"{name} below its minimum", replaced(i, below), name))
+            if spec.max is not None:
+                above = spec.max + 1
+                if not above > spec.max:
+                    above = math.inf
+                found.append((f"{name} above its maximum", replaced(i, above), name))
+            if spec.type is bool:
+                found.append((f"{name} an int, not a bool", replaced(i, 1), name))
             found.append((f"{name} not a number", replaced(i, "1"), name))
             continue
         found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))

@@ -92,12 +92,6 @@ def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tu
     return max_pos, rot
 
 
-def _refuse_style(is_neox) -> None:
-    """(CUDA keys) 1 == True would find the module memoized for True, and tvm-ffi passes 1 as a
-    bool; the reference and SYCL refuse it through the spec, so the CUDA path does too."""
-    raise TypeError(f"is_neox: expected bool, got {type(is_neox).__name__}")
-
-
 # The CUDA keys (template parameters; the values' order names the module: prebuild entries are
 # made by the same functions, test_rope checks they match). rotary_dim <= head_dim: apply_rope's
 # run() checks it (the module does not depend on head_dim); the KV key, whose module does, here.
@@ -111,8 +105,6 @@ def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
     max_pos, rot = cos_sin_cache.shape
     if rot <= 0 or rot % 2 or not max_pos:
         _cache_shape(cos_sin_cache)
-    if is_neox is not True and is_neox is not False:
-        _refuse_style(is_neox)
     vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot)
     return q.dtype, positions.dtype, rot, is_neox, vec
 
@@ -120,8 +112,6 @@ def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
 def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> tuple:
     head_dim = q.shape[2]
     max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
-    if is_neox is not True and is_neox is not False:
-        _refuse_style(is_neox)
     vec = _pick_vec((q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim)
     return q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox, vec
 

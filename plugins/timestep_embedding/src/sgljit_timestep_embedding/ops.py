@@ -84,6 +84,7 @@ def _reference(t, out, flip_sin_to_cos, downscale_freq_shift, scale, max_period)
 # a tensor of an output dtype fails the lookup, and core then checks the arguments in Python and
 # names it). SYCL: one module per (timestep dtype, output dtype).
 
+
 def _cuda_key(t, out, *_) -> tuple:
     return (out.dtype,)
 
