@@ -14,4 +14,4 @@ def test_every_family_declares_prebuilds(backend):
     jobs, problems = prebuild_jobs(sorted(FAMILIES), backend)
     assert problems == []
     assert {job["plugin"] for job in jobs} == FAMILIES
-    assert all(job["builder"].endswith(":prebuild") and job["label"] for job in jobs)
+    assert all(job["builder"].endswith(".prebuild") and job["label"] for job in jobs)

@@ -254,7 +254,10 @@ class Op:
             raise TypeError(
                 f"{self.params[0]}: expected a torch.Tensor, got {type(first).__name__}"
             )
-        backend = _backend.select_backend(first)
+        try:
+            backend = _backend.select_backend(first)
+        except ValueError as err:  # a forced backend that cannot run these tensors
+            raise ValueError(f"{self.params[0]}: {err}") from None
         if backend != "reference" and _grad_enabled():
             self._refuse_grad(backend, args)
         if backend == "cuda":  # the eager hot path: one key, one lookup, one tvm-ffi call
