@@ -169,7 +169,7 @@ class Report:
         print(f"  {what}: skipped ({reason})", flush=True)
 
     def table(self) -> str:
-        out = ["| measurement | median | range (n) | note |", "|---|---:|---|---|"]
+        out = ["| measurement | value | range (n) | note |", "|---|---:|---|---|"]
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in self.rows]
         return "\n".join(out)
 
