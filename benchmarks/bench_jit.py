@@ -970,30 +970,44 @@ def main(argv: list[str] | None = None) -> int:
     _set_env("SGLJIT_CACHE_DIR", cache_dir)
     eager_text, eager_failed = _eager_section(args.eager_calls)
     rep.failed += eager_failed
-    v = harness.versions()
-    text = "\n".join(
+    _write_report(
+        args,
+        f"JIT machinery — {machine}",
         [
-            f"# JIT machinery — {machine}",
-            "",
-            f"- command: `{harness.command_line()}`",
-            f"- date: {harness.now_utc()}",
-            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-            f"- CPU: {harness.cpu_name()}, {os.cpu_count()} cores",
             f"- fresh-process figures: median of {args.repeats} processes (one discarded warm-up); "
             "host figures: best of 7 rounds of back-to-back calls",
             "",
             rep.table(),
             "",
             eager_text,
+        ],
+        "jit.md",
+    )
+    return 1 if rep.failed else 0
+
+
+def _write_report(args: argparse.Namespace, title: str, body: list[str], file: str) -> None:
+    """Print the report (a header of what ran where, then ``body``) and write it to results/."""
+    import harness
+
+    v = harness.versions()
+    text = "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"- command: `{harness.command_line()}`",
+            f"- date: {harness.now_utc()}",
+            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+            f"- CPU: {harness.cpu_name()}, {os.cpu_count()} cores",
+            *body,
         ]
     )
     print()
     print(text)
     if not args.no_write:
-        path = harness.results_dir(machine) / "jit.md"
+        path = harness.results_dir(harness.machine_name()) / file
         path.write_text(text)
         print(f"written: {path}")
-    return 1 if rep.failed else 0
 
 
 def _set_env(name: str, value: str | None) -> None:
@@ -1012,7 +1026,6 @@ def _eager_section(calls: int) -> tuple[str, list[str]]:
 
 
 def _main_eager_only(args: argparse.Namespace, machine: str) -> int:
-    import harness
 
     host = ""
     if args.with_host:
@@ -1026,26 +1039,9 @@ def _main_eager_only(args: argparse.Namespace, machine: str) -> int:
         _set_env("SGLJIT_CACHE_DIR", cache_dir)
         host = rep.table() + "\n"
     eager_text, failed = _eager_section(args.eager_calls)
-    v = harness.versions()
-    text = "\n".join(
-        [
-            f"# Eager host time per call — {machine}",
-            "",
-            f"- command: `{harness.command_line()}`",
-            f"- date: {harness.now_utc()}",
-            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-            f"- CPU: {harness.cpu_name()}, {os.cpu_count()} cores",
-            "",
-            host,
-            eager_text,
-        ]
+    _write_report(
+        args, f"Eager host time per call — {machine}", ["", host, eager_text], "jit_eager.md"
     )
-    print()
-    print(text)
-    if not args.no_write:
-        path = harness.results_dir(machine) / "jit_eager.md"
-        path.write_text(text)
-        print(f"written: {path}")
     return 1 if failed else 0
 
 

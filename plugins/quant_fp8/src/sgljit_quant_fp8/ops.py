@@ -188,6 +188,18 @@ _BF16 = torch.bfloat16
 # The kernel ops (destination passing). Per-tensor ops see the tensor as [rows, cols] (contiguous;
 # the kernels treat it as one flat range), the public function views other shapes as [1, numel].
 
+
+def _kernels(entry: str, key, launch) -> dict:
+    """The CUDA and SYCL kernels of a quant op: one module per (input dtype, fp8 dtype) exports all
+    three ops; ``key(*args)`` gives that pair."""
+    return {
+        "cuda": Cuda(
+            _CUDA_FILE, f"{_CUDA_CLASS}::{entry}", key=key, params=_CUDA_PARAMS, module=_MODULE
+        ),
+        "sycl": Sycl(_SYCL_FILE, key=lambda *a: _sycl_key(*key(*a)), launch=launch, module=_MODULE),
+    }
+
+
 _per_tensor_static = family.op(
     "per_tensor_quant_fp8_static",
     args={
@@ -196,18 +208,8 @@ _per_tensor_static = family.op(
         "out": Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, layout="contiguous", io="out"),
     },
     reference=reference.per_tensor_static_into,
-    cuda=Cuda(
-        _CUDA_FILE,
-        _CUDA_CLASS + "::per_tensor_static",
-        key=lambda input, scale, out: (input.dtype, out.dtype),
-        params=_CUDA_PARAMS,
-        module=_MODULE,
-    ),
-    sycl=Sycl(
-        _SYCL_FILE,
-        key=lambda input, scale, out: _sycl_key(input.dtype, out.dtype),
-        launch=_launch_static,
-        module=_MODULE,
+    **_kernels(
+        "per_tensor_static", lambda input, scale, out: (input.dtype, out.dtype), _launch_static
     ),
     # One entry per (dtype, fp8 dtype) builds the module all three ops share.
     prebuild=_PREBUILD,
@@ -231,18 +233,8 @@ _per_tensor_dynamic = family.op(
     ``workspace``: float32 ``[WORKSPACE_SIZE]`` (contents irrelevant, overwritten). ``algo`` (CUDA;
     the reference and SYCL have one): 0 auto, 1 the fused cooperative kernel, 2 two kernels, 3
     three kernels (see the module docstring).""",
-    cuda=Cuda(
-        _CUDA_FILE,
-        _CUDA_CLASS + "::per_tensor_dynamic",
-        key=lambda input, out, *_: (input.dtype, out.dtype),
-        params=_CUDA_PARAMS,
-        module=_MODULE,
-    ),
-    sycl=Sycl(
-        _SYCL_FILE,
-        key=lambda input, out, *_: _sycl_key(input.dtype, out.dtype),
-        launch=_launch_dynamic,
-        module=_MODULE,
+    **_kernels(
+        "per_tensor_dynamic", lambda input, out, *_: (input.dtype, out.dtype), _launch_dynamic
     ),
     cases=[
         *(_dynamic_case((33, 4096), dt, f) for dt, f in _COMBOS),
@@ -261,19 +253,7 @@ _per_token = family.op(
         "scales": Tensor("num_tokens", 1, dtype=_FP32, layout="contiguous", io="out"),
     },
     reference=reference.per_token_into,
-    cuda=Cuda(
-        _CUDA_FILE,
-        _CUDA_CLASS + "::per_token",
-        key=lambda input, out, scales: (input.dtype, out.dtype),
-        params=_CUDA_PARAMS,
-        module=_MODULE,
-    ),
-    sycl=Sycl(
-        _SYCL_FILE,
-        key=lambda input, out, scales: _sycl_key(input.dtype, out.dtype),
-        launch=_launch_per_token,
-        module=_MODULE,
-    ),
+    **_kernels("per_token", lambda input, out, scales: (input.dtype, out.dtype), _launch_per_token),
     cases=[
         *(_per_token_case(9, 2048, dt, f) for dt, f in _COMBOS),
         _per_token_case(7, 37, _BF16, _E5M2, pad=3),
