@@ -455,11 +455,13 @@ def test_bad_inputs_the_public_functions_add():
     with pytest.raises(ValueError, match=r"^q: head dim \(last dimension\) 96 is not supported"):
         ops.qknorm(q, q.clone(), w, w)
     x3 = torch.randn(3, 5, 64, dtype=FP16).transpose(0, 1)
-    with pytest.raises(ValueError, match=r"^input: updated in place, so its leading dimensions"):
+    with pytest.raises(ValueError, match=r"^input: written in place, so its leading dimensions"):
         ops.fused_add_rmsnorm(x3, x3.clone(), torch.randn(64, dtype=FP16))
-    with pytest.raises(ValueError, match=r"^out: updated in place"):
+    with pytest.raises(ValueError, match=r"^out: written in place"):
         ops.rmsnorm(x3.contiguous(), torch.randn(64, dtype=FP16), out=x3)
-    with pytest.raises(ValueError, match=r"^input: expected a tensor of shape"):
+    with pytest.raises(
+        ValueError, match=r"^input: expected 2-D tensor of shape \[num_tokens, hidden\], got 0-D"
+    ):
         ops.rmsnorm(torch.tensor(1.0), torch.randn(1))
     with pytest.raises(TypeError, match=r"^residual: expected a torch.Tensor"):
         ops.fused_add_rmsnorm(x3.contiguous(), None, torch.randn(64, dtype=FP16))

@@ -44,7 +44,7 @@ import torch
 from . import backend as _backend
 from .jit_utils import as_dtype, make_cpp_args
 
-__all__ = ["FLOATS", "Case", "Cuda", "Family", "Op", "Scalar", "Sycl", "Tensor"]
+__all__ = ["FLOATS", "Case", "Cuda", "Family", "Op", "Scalar", "Sycl", "Tensor", "as_rows"]
 
 NAMESPACE = "sgljit"
 _is_compiling = torch.compiler.is_compiling
@@ -479,6 +479,28 @@ def _check_tensor(name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes:
             f"{list(t.shape)}, strides {list(t.stride())}: an expanded or otherwise "
             "self-overlapping view); pass a tensor whose elements are distinct"
         )
+
+
+def as_rows(t: Any, name: str, written: bool = False) -> Any:
+    """``t`` as ``[rows, t.shape[-1]]`` for an op over rows: itself when 2-D; else a view when the
+    op writes it (an error naming it when no view exists: a copy would take the writes), or a
+    reshape. Anything that is not a tensor of at least one dimension is returned as it is, for the
+    op's checks to name.
+
+    >>> as_rows(torch.zeros(2, 3, 4), "x").shape
+    torch.Size([6, 4])
+    """
+    if not isinstance(t, torch.Tensor) or t.dim() == 2 or t.dim() == 0:
+        return t
+    if not written:
+        return t.reshape(-1, t.shape[-1])
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: written in place, so its leading dimensions must collapse into rows of one "
+            f"stride; got shape {list(t.shape)} with strides {list(t.stride())}"
+        ) from None
 
 
 def may_overlap(t: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ a row that is not 16-byte aligned, takes a correct generic kernel.
 
 import torch
 
-from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor
+from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor, as_rows
 
 from . import reference
 
@@ -312,25 +312,6 @@ _qknorm_across_heads = family.op(
 # Public functions
 
 
-def _rows(x, name: str, in_place: bool = False):
-    """``x`` as [rows, hidden]: as it is when 2-D, else a view (in place) or a reshape."""
-    if isinstance(x, torch.Tensor) and x.dim() == 2:
-        return x
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 0:
-        raise ValueError(f"{name}: expected a tensor of shape [..., hidden], got a 0-d tensor")
-    if not in_place:
-        return x.reshape(-1, x.shape[-1])
-    try:
-        return x.view(-1, x.shape[-1])
-    except RuntimeError:
-        raise ValueError(
-            f"{name}: updated in place, so its leading dimensions must collapse into rows of one "
-            f"stride; got shape {tuple(x.shape)} with strides {x.stride()}"
-        ) from None
-
-
 def rmsnorm(
     input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -341,7 +322,7 @@ def rmsnorm(
     """
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    _rmsnorm(_rows(input, "input"), weight, _rows(out, "out", True), eps)
+    _rmsnorm(as_rows(input, "input"), weight, as_rows(out, "out", True), eps)
     return out
 
 
@@ -351,7 +332,7 @@ def gemma_rmsnorm(
     """:func:`rmsnorm` with weight ``(1 + weight)`` (Gemma)."""
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    _gemma_rmsnorm(_rows(input, "input"), weight, _rows(out, "out", True), eps)
+    _gemma_rmsnorm(as_rows(input, "input"), weight, as_rows(out, "out", True), eps)
     return out
 
 
@@ -360,7 +341,9 @@ def fused_add_rmsnorm(
 ) -> None:
     """In place: ``residual <- input + residual`` (rounded to the dtype), then
     ``input <- rmsnorm(residual, weight, eps)``. input, residual ``[..., H]``, weight ``[H]``."""
-    _fused_add_rmsnorm(_rows(input, "input", True), _rows(residual, "residual", True), weight, eps)
+    _fused_add_rmsnorm(
+        as_rows(input, "input", True), as_rows(residual, "residual", True), weight, eps
+    )
 
 
 def gemma_fused_add_rmsnorm(
@@ -368,7 +351,7 @@ def gemma_fused_add_rmsnorm(
 ) -> None:
     """:func:`fused_add_rmsnorm` with weight ``(1 + weight)`` (Gemma)."""
     _gemma_fused_add_rmsnorm(
-        _rows(input, "input", True), _rows(residual, "residual", True), weight, eps
+        as_rows(input, "input", True), as_rows(residual, "residual", True), weight, eps
     )
 
 
