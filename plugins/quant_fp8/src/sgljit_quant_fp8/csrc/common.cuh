@@ -1,5 +1,19 @@
 // Shared by the quant_fp8 kernels: fp8 formats, the division x / scale, the dynamic scale, vector I/O
 // and absmax reductions.
+//
+// Division: x / scale must be the correctly rounded fp32 quotient (torch divides by the scale
+// tensor). For scales in [2^-40, 2^40] (Divider::fast) it is computed from the correctly rounded
+// reciprocal y = 1/scale by Markstein corrections (q0 = x*y, q1 = q0 + (x - s*q0)*y,
+// q2 = q1 + (x - s*q1)*y, fma residuals): fp32 inputs take both steps (the last is exact by
+// Markstein's theorem); bf16 and fp16 inputs (at most 11 significant bits) stop at q1, which for them
+// is already the correctly rounded quotient (checked exhaustively, every bf16 and fp16 significand
+// against every fp32 significand of the scale; tests/plugins/test_quant_fp8.py repeats it on the CPU
+// for a sample of scales). Quotients whose residuals could underflow are below 2^-60 (fp8 +-0, sign
+// kept by copysign); |x*y| >= 2^100 saturates either way. Other scales use __fdiv_rn.
+// Conversion: clamp + round-to-nearest-even = the hardware cvt.rn.satfinite (saturation to +-max is
+// the clamp; NaN stays NaN: 0x7F, as torch's conversion of the canonical NaN the GPU produces).
+// Dynamic scale: max(absmax / fp8_max, 2^-126) in fp32 (true division); absmax is a max over |x| bit
+// patterns, so a NaN anywhere gives a NaN scale, as torch.amax.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -12,10 +26,6 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-
-#ifndef QUANT_FP8_ONE_STEP  // bf16/fp16 inputs: one Markstein step (the correctly rounded quotient for them)
-#define QUANT_FP8_ONE_STEP 1
-#endif
 
 namespace sgljit_quant_fp8 {
 
@@ -207,9 +217,7 @@ struct Io {
     // Every output byte's sign is its input's where the quotient is bounded (finite), and the one
     // step's q1 has x's sign except where its sum cancels to +0 for a negative x. So 16-bit inputs in
     // whole output words skip the copysign per element: the sign bits of a word's four inputs,
-    // gathered by one byte permute, are OR-ed into it (2 instructions per 4 elements; on the H200,
-    // with the full chunks of rows_kernel: dynamic 16384x4096 bf16 78.3 -> 77.2-77.9 us, per-token
-    // 0.2-1.2% faster).
+    // gathered by one byte permute, are OR-ed into it (2 instructions per 4 elements).
     constexpr bool kSignWords = kMode == kOneStepBounded && sizeof(T) == 2 && VEC % 4 == 0;
     auto quotient = [&](int i) {
       if constexpr (kSignWords) {
@@ -316,6 +324,6 @@ SGLJIT_DEVICE float scale_from_partials(const uint32_t* partial, int n, uint32_t
 // for 16-bit inputs, two for fp32. kBounded: |x / s| <= fp8_max for every input (a dynamic scale).
 template <typename T, bool kBounded>
 inline constexpr int kFastQuotient =
-    sizeof(T) == 4 || !QUANT_FP8_ONE_STEP ? kMarkstein : kBounded ? kOneStepBounded : kOneStep;
+    sizeof(T) == 4 ? kMarkstein : kBounded ? kOneStepBounded : kOneStep;
 
 }  // namespace sgljit_quant_fp8

@@ -1,27 +1,24 @@
-// The dynamic per-tensor op's quantize pass of two kernels (partials -> scale, then quantize).
+// The dynamic per-tensor op's second kernel of two: every block reduces the absmax pass's (few
+// hundred) partial maxima itself, computes the scale (block 0 stores it), then quantizes with a
+// persistent grid, walking the tensor backwards so the tail the absmax pass kept in L2 is re-read
+// before later misses evict it. Loads 16 bytes, stores packed fp8, evict-first both ways.
 #pragma once
 
 #include "common.cuh"
-
-#ifndef QUANT_FP8_QUANT_UNROLL  // vectors in flight per thread in the dynamic op's quantize pass
-#define QUANT_FP8_QUANT_UNROLL 4
-#endif
-#ifndef QUANT_FP8_QUANT_THREADS
-#define QUANT_FP8_QUANT_THREADS 512
-#endif
-#ifndef QUANT_FP8_QUANT_MIN_BLOCKS  // __launch_bounds__ minimum resident blocks (caps the registers)
-#define QUANT_FP8_QUANT_MIN_BLOCKS 2
-#endif
 
 namespace sgljit_quant_fp8 {
 
 using namespace sgljit;
 
-// ------------------------------------------------------------------------------------------------
-// Per-tensor quantize pass (the second kernel of the dynamic op): grid-stride over
-// slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration so U loads are in
-// flight per thread; the vector index is mirrored (v -> nv - 1 - v), so the pass starts at the end
-// of the tensor (a warp still covers 32 adjacent vectors, in descending order).
+struct DynamicPassConfig {
+  static constexpr int kThreads = 512;  // with kMinBlocks: 1024 threads per SM
+  static constexpr int kUnroll = 4;     // vectors in flight per thread
+  static constexpr int kMinBlocks = 2;  // __launch_bounds__: caps registers at 64, two blocks per SM
+};
+
+// Grid-stride over slices of gridDim.x * blockDim.x vectors (one per thread), U slices per iteration
+// so U loads are in flight per thread; the vector index is mirrored (v -> nv - 1 - v), so the pass
+// starts at the end of the tensor (a warp still covers 32 adjacent vectors, in descending order).
 
 template <typename T, typename Q, int VEC, int U, int kMode>
 SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, int64_t numel) {
@@ -53,7 +50,8 @@ SGLJIT_DEVICE void quant_slices(const T* in, uint8_t* out, const Divider& div, i
 // Reduces partial[0, num_partial) (written by the absmax kernel just before: pdl_wait orders it),
 // stores the scale (block 0) and quantizes, from the end of the tensor backwards.
 template <typename T, typename Q, int VEC>
-__global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS) void per_tensor_dynamic_quant_kernel(
+__global__
+__launch_bounds__(DynamicPassConfig::kThreads, DynamicPassConfig::kMinBlocks) void per_tensor_dynamic_quant_kernel(
     const T* __restrict__ in, uint8_t* __restrict__ out, float* __restrict__ scale,
     const uint32_t* __restrict__ partial, int num_partial, int64_t numel) {
   pdl_wait();
@@ -63,9 +61,9 @@ __global__ __launch_bounds__(QUANT_FP8_QUANT_THREADS, QUANT_FP8_QUANT_MIN_BLOCKS
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
   const Divider div(s);
   if (Divider::fast(s)) {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kFastQuotient<T, true>>(in, out, div, numel);
+    quant_slices<T, Q, VEC, DynamicPassConfig::kUnroll, kFastQuotient<T, true>>(in, out, div, numel);
   } else {
-    quant_slices<T, Q, VEC, QUANT_FP8_QUANT_UNROLL, kDivide>(in, out, div, numel);
+    quant_slices<T, Q, VEC, DynamicPassConfig::kUnroll, kDivide>(in, out, div, numel);
   }
 }
 

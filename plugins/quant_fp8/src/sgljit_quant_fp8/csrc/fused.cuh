@@ -1,4 +1,14 @@
-// The dynamic per-tensor op in one cooperative launch with bulk copies (sm_90+).
+// The dynamic per-tensor op in one cooperative launch with bulk copies (sm_90+; "fused").
+//
+// The tensor is cut into chunks of FusedConfig::kStageBytes; block b (one per SM) owns chunks
+// b, b + G, b + 2G, ... (interleaved, so the grid reads one window of memory at a time, as a
+// grid-stride loop does). Phase A reads each owned chunk once: the last `stash_chunks` into a stash
+// in shared memory (kept there for phase B), the others through a ring of FusedConfig::kStages bulk
+// copies (the last `l2_chunks` of them evict-last, so they are still in L2 for phase B), reducing
+// the absmax. The block's max goes to workspace[block]; a grid barrier; every block reduces the
+// maxima to the scale. Phase B quantizes the stash, then re-reads the ring's chunks in reverse order
+// (the L2-kept ones first). The ring's copies run ahead across the barrier: the first chunks of
+// phase B are in flight while the grid waits. Stash and L2 hold what DRAM would otherwise send twice.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -11,71 +21,34 @@ namespace sgljit_quant_fp8 {
 
 using namespace sgljit;
 
-// ------------------------------------------------------------------------------------------------
-// Per-tensor, dynamic scale, cooperative single launch with bulk copies (sm_90+; "fused").
-//
-// The tensor is cut into chunks of QUANT_FP8_FUSED_STAGE_BYTES; block b (one per SM) owns chunks
-// b, b + G, b + 2G, ... (interleaved, so the grid reads one window of memory at a time, as a
-// grid-stride loop does). Phase A reads each owned chunk once: the last `stash_chunks` into a stash
-// in shared memory (kept there for phase B), the others through a ring of QUANT_FP8_FUSED_STAGES
-// bulk copies (the last `l2_chunks` of them evict-last, so they are still in L2 for phase B),
-// reducing the absmax. The block's max goes to workspace[block]; a grid barrier; every block reduces
-// the maxima to the scale. Phase B quantizes the stash, then re-reads the ring's chunks in reverse
-// order (the L2-kept ones first). The ring's copies run ahead across the barrier: the first chunks of
-// phase B are in flight while the grid waits. Stash and L2 hold what DRAM would otherwise send twice.
-
-#ifndef QUANT_FP8_FUSED_THREADS
-#define QUANT_FP8_FUSED_THREADS 512
-#endif
-#ifndef QUANT_FP8_FUSED_STAGES
-#define QUANT_FP8_FUSED_STAGES 3
-#endif
-#ifndef QUANT_FP8_FUSED_STAGE_BYTES
-#define QUANT_FP8_FUSED_STAGE_BYTES 32768
-#endif
-#ifndef QUANT_FP8_FUSED_L2_PCT  // % of L2 phase A reads evict-last (re-read first by phase B)
-#define QUANT_FP8_FUSED_L2_PCT 45
-#endif
-#ifndef QUANT_FP8_FUSED_PDL  // launch the cooperative kernel with PDL too (H200: 2048-8192x4096 bf16
-#define QUANT_FP8_FUSED_PDL 1  // 2.6-6% faster)
-#endif
-// Diagnostics only (never on by default: it overwrites the output): each block records %globaltimer
-// at its phase boundaries and, after a last grid barrier, writes the 8 stamps as u64 over the
-// output's bytes [64 * block, 64 * block + 64). benchmarks/trace_quant_fused.py reads them.
-#ifndef QUANT_FP8_FUSED_TRACE
-#define QUANT_FP8_FUSED_TRACE 0
-#endif
-
-SGLJIT_DEVICE uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-inline constexpr int kFusedThreads = QUANT_FP8_FUSED_THREADS;
-inline constexpr int kFusedStages = QUANT_FP8_FUSED_STAGES;
-inline constexpr int kFusedChunkVecs = QUANT_FP8_FUSED_STAGE_BYTES / 16;  // 16-byte vectors
-static_assert(kFusedChunkVecs % kFusedThreads == 0, "a chunk must hold whole vectors per thread");
+struct FusedConfig {
+  static constexpr int kThreads = 512;                 // one block per SM, 4 vectors of a chunk each
+  static constexpr int kStages = 3;                    // ring depth (bulk copies in flight per block)
+  static constexpr int kStageBytes = 32768;            // one chunk, one bulk copy
+  static constexpr int kChunkVecs = kStageBytes / 16;  // 16-byte vectors
+  static constexpr int kL2Pct = 45;                    // % of L2 phase A reads evict-last for phase B
+};
+static_assert(FusedConfig::kChunkVecs % FusedConfig::kThreads == 0, "a chunk must hold whole vectors per thread");
 
 // Calls f(vector index in the chunk) for this thread's vectors of a chunk of n vectors.
 template <typename F>
 SGLJIT_DEVICE void for_chunk(int n, F&& f) {
 #pragma unroll
-  for (int k = 0; k < kFusedChunkVecs / kFusedThreads; ++k) {
-    const int i = threadIdx.x + k * kFusedThreads;
+  for (int k = 0; k < FusedConfig::kChunkVecs / FusedConfig::kThreads; ++k) {
+    const int i = threadIdx.x + k * FusedConfig::kThreads;
     if (i < n) f(i);
   }
 }
 
-// Launched cooperatively with kFusedThreads threads; dynamic shared memory: stash_chunks chunks, then
-// the ring (QUANT_FP8_FUSED_STAGES chunks) if some block owns more chunks than that. Input and output
-// 16-byte aligned (the host checks).
+// Launched cooperatively with FusedConfig::kThreads threads; dynamic shared memory: stash_chunks
+// chunks, then the ring (FusedConfig::kStages chunks) if some block owns more chunks than that. Input
+// and output 16-byte aligned (the host checks).
 template <typename T, typename Q>
-__global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
+__global__ __launch_bounds__(FusedConfig::kThreads, 1) void per_tensor_fused_kernel(
     const T* __restrict__ in, uint8_t* __restrict__ out, float* __restrict__ scale,
     uint32_t* __restrict__ workspace, int64_t numel, int stash_chunks, int l2_chunks) {
   constexpr int VEC = kVecSize<T>;
-  constexpr int S = kFusedStages, CV = kFusedChunkVecs;
+  constexpr int S = FusedConfig::kStages, CV = FusedConfig::kChunkVecs;
   using IO = Io<T, VEC>;
   static_assert(sizeof(typename IO::V) == 16, "the fused kernel moves 16-byte vectors");
   extern __shared__ uint4 dyn_smem[];
@@ -119,11 +92,6 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     mbarrier_fence_init();
   }
   __syncthreads();
-  uint64_t trace[8] = {};
-  auto mark = [&](int i) {
-    if constexpr (QUANT_FP8_FUSED_TRACE) trace[i] = global_ns();
-  };
-  mark(0);
   pdl_wait();
   pdl_launch_dependents();
   if (tid == 0) {
@@ -143,9 +111,7 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   AbsMax<T, VEC> acc;
   for (int g = 0; g < num_a; ++g) {
     ring_step(g, [&](const uint4* src, int i) { for_chunk(size(i), [&](int v) { acc.add(src[v]); }); });
-    if (g == 0) mark(1);
   }
-  mark(2);
   if (stashed > 0) {
     mbarrier_wait(&stash_full, 0);
     for (int r = 0; r < stashed; ++r) {
@@ -154,15 +120,13 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
   }
   uint32_t m = acc.bits();
   if (last_block) {
-    for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) m = max(m, abs_bits(to_float(in[i])));
+    for (int64_t i = nv * VEC + tid; i < numel; i += FusedConfig::kThreads) m = max(m, abs_bits(to_float(in[i])));
   }
   m = block_reduce_max_u32(m, red);
   if (tid == 0) workspace[b] = m;
-  mark(3);
   cooperative_groups::this_grid().sync();  // also orders the workspace writes before the reads
-  mark(4);
 
-  const float s = scale_from_partials<Q, kFusedThreads>(workspace, G, red);
+  const float s = scale_from_partials<Q, FusedConfig::kThreads>(workspace, G, red);
   if (b == 0 && tid == 0) *scale = s;
   const Divider div(s);
 
@@ -174,13 +138,9 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
       for_chunk(size(i), [&](int v) { IO::template quantize_store<Q, kMode>(src[v], div, dst + v * VEC); });
     };
     for (int r = 0; r < stashed; ++r) quantize(stash + r * CV, num_a + r);
-    mark(5);
-    for (int g = num_a; g < 2 * num_a; ++g) {
-      ring_step(g, quantize);
-      if (g == num_a + l2_chunks - 1) mark(6);
-    }
+    for (int g = num_a; g < 2 * num_a; ++g) ring_step(g, quantize);
     if (last_block) {
-      for (int64_t i = nv * VEC + tid; i < numel; i += kFusedThreads) {
+      for (int64_t i = nv * VEC + tid; i < numel; i += FusedConfig::kThreads) {
         out[i] = to_fp8<Q>(div.template operator()<kMode>(to_float(in[i])));
       }
     }
@@ -189,13 +149,6 @@ __global__ __launch_bounds__(kFusedThreads, 1) void per_tensor_fused_kernel(
     phase_b(std::integral_constant<int, kFastQuotient<T, true>>{});
   } else {
     phase_b(std::integral_constant<int, kDivide>{});
-  }
-  if constexpr (QUANT_FP8_FUSED_TRACE) {
-    mark(7);
-    cooperative_groups::this_grid().sync();
-    if (tid == 0) {
-      for (int i = 0; i < 8; ++i) reinterpret_cast<uint64_t*>(out)[b * 8 + i] = trace[i];
-    }
   }
 }
 

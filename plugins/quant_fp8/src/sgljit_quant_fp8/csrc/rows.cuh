@@ -1,24 +1,31 @@
-// The rows kernel: per-token quantization, and the static scale's pass over chunks of the tensor.
+// The rows kernel: per-token quantization, the static scale's pass over chunks of the tensor, and
+// the quantize pass of three kernels (the same, last chunk first).
+//
+// Per-token: P lanes per row (a power of two, 1..1024; rows of one block side by side), each lane
+// holding its vectors j = lane + k * P, k < N, in registers (N = 1..16; a row longer than P * N
+// vectors re-reads the remainder): the row is read from global memory once, reduced (shuffles, plus
+// shared memory when P > 32), and quantized from registers. The host picks the fewest lanes per row
+// that still give about RowsConfig::kTokenThreadsPerSm threads per SM.
+// Static scale: the tensor is cut into chunks of 32 * N vectors (N = 1, 4 or kChunkMaxN: the largest
+// that still gives about kChunkThreadsPerSm threads per SM), a warp per chunk holding it in
+// registers; every load is issued before the scale's, so the two latencies overlap.
+// Vectors are carried as raw words (see Io), so all N loads are in flight before the first use.
 #pragma once
 
 #include "common.cuh"
-
-#ifndef QUANT_FP8_CHUNK_MAX_N  // static: the most vectors a lane holds (16: 4% slower at 4096x4096 bf16)
-#define QUANT_FP8_CHUNK_MAX_N 8
-#endif
 
 namespace sgljit_quant_fp8 {
 
 using namespace sgljit;
 
-// ------------------------------------------------------------------------------------------------
-// Per-token: P lanes per row (a power of two, 1..1024; rows of one block side by side), each lane
-// holding its vectors j = lane + k * P, k < N, in registers (N = 1..16; a row longer than P * N
-// vectors re-reads the remainder), max over the row's lanes, scale, quantize from registers.
-
-inline constexpr int kTokenMaxVecs = 16;
-inline constexpr int kChunkMaxN = QUANT_FP8_CHUNK_MAX_N;  // per-tensor chunks: 32 * N vectors, N in 1, 4, this
-static_assert(kChunkMaxN > 4 && kChunkMaxN <= kTokenMaxVecs, "QUANT_FP8_CHUNK_MAX_N: above 4, at most 16");
+struct RowsConfig {
+  static constexpr int kTokenMaxVecs = 16;        // per-token: the most vectors a lane holds
+  static constexpr int kChunkMaxN = 8;            // static chunks: the most vectors a lane holds
+  static constexpr int kTokenThreadsPerSm = 512;  // per-token: the lanes-per-row choice aims at this
+  static constexpr int kChunkThreadsPerSm = 512;  // static: the chunk-size choice aims at this
+};
+static_assert(RowsConfig::kChunkMaxN > 4 && RowsConfig::kChunkMaxN <= RowsConfig::kTokenMaxVecs,
+              "RowsConfig::kChunkMaxN: above 4, at most 16");
 
 // N = 16 needs 64 registers of data per thread (bf16/fp16/fp32 alike): at most 512 threads a block.
 template <int N>
@@ -94,9 +101,7 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   const T* row_in = a.in + row * a.in_stride;
   if (a.prefetch && nvr > 0) {  // (see sgljit::prefetch_l2)
     if constexpr (sizeof(T) * VEC == 16) {
-      // The row's first N * P vectors as one bulk request from its first lane: per-token 128x4096
-      // 2.17 -> 2.08 us on the H200, one-row dynamic 1x4096 1.50 -> 1.43. (For the absmax pass's
-      // slices, 8 KB per block, bulk requests were 2-3% slower.)
+      // The row's first N * P vectors as one bulk request from its first lane.
       if (lane == 0) prefetch_l2_bulk(row_in, uint32_t(min(N * P, nvr)) * 16);
     } else {
 #pragma unroll
@@ -107,8 +112,7 @@ __global__ __launch_bounds__(kTokenMaxThreads<N>) void rows_kernel(const RowsArg
   pdl_launch_dependents();
 
   // Every chunk but the last is full: its loads and stores at fixed offsets, without clamps or
-  // bounds (about a quarter of the quantize pass's instructions; static 2048x4096 bf16 8.35 -> 7.80 us
-  // on the H200).
+  // bounds (about a quarter of the quantize pass's instructions).
   const bool full = kChunks && nvr == 32 * N;
   typename IO::V x[N];
   if (full) {
