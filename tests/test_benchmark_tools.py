@@ -89,15 +89,6 @@ def test_ab_fails_loudly_when_nothing_is_timed():
     assert "no case of example was timed for provider 'sgljit'" in proc.stdout + proc.stderr
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available(), reason="checks the message of a machine without a GPU"
-)
-def test_fused_quant_trace_says_it_needs_a_gpu():
-    proc = run_tool("trace_quant_fused.py", "16384")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "needs a CUDA GPU" in proc.stderr
-
-
 def test_sglang_jit_provider_says_how_to_fetch_it(monkeypatch, tmp_path):
     import sglang_provider
 
