@@ -175,9 +175,7 @@ struct HeadVec {
   template <bool kStream>
   SGLJIT_DEVICE void store_out(T* ptr) const {
     if constexpr (kStream && sizeof(w) == 16) {
-      uint4 r;
-      memcpy(&r, &w, sizeof(r));
-      __stcs(reinterpret_cast<uint4*>(ptr), r);
+      w.store_streaming(reinterpret_cast<Word*>(ptr));
     } else {
       store(ptr);
     }
