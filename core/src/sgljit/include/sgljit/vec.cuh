@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "utils.h"
 
@@ -16,6 +17,14 @@ struct alignas(sizeof(T) * N) AlignedVector {
 
   SGLJIT_DEVICE void load(const T* ptr) { *this = *reinterpret_cast<const AlignedVector*>(ptr); }
   SGLJIT_DEVICE void store(T* ptr) const { *reinterpret_cast<AlignedVector*>(ptr) = *this; }
+  // Streaming store (st.global.cs, evict-first) of a 16-byte vector: for output that this kernel
+  // does not read again and that should not keep L2 lines dirty while the next kernels run.
+  SGLJIT_DEVICE void store_streaming(T* ptr) const {
+    static_assert(sizeof(AlignedVector) == 16, "store_streaming stores one 16-byte vector");
+    uint4 r;
+    memcpy(&r, data, sizeof(r));
+    __stcs(reinterpret_cast<uint4*>(ptr), r);
+  }
   SGLJIT_DEVICE T& operator[](int i) { return data[i]; }
   SGLJIT_DEVICE const T& operator[](int i) const { return data[i]; }
 };

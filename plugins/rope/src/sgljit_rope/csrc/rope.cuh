@@ -5,28 +5,23 @@
 // holds VEC rotary pairs in two 16-byte vectors of the head, at l*VEC and ROT/2 + l*VEC, and the
 // matching VEC cos and VEC sin values. neox: pair p of the lane is (a[p], b[p]), cos/sin index
 // l*VEC + p. gptj: pairs are adjacent elements, so each vector holds VEC/2 whole pairs (cos/sin
-// indices l*VEC/2 + p for a, ROT/4 + l*VEC/2 + p for b); this keeps every warp access contiguous,
-// where giving a lane 2*VEC contiguous elements made each load/store instruction touch half of
-// every 32-byte sector (twice the L1/L2 transactions; gptj ran at 78% of the ceiling).
-// ROPE_GPTJ_SPLIT=0 restores that layout; VEC == 1 (one element per vector) always uses it.
+// indices l*VEC/2 + p for a, ROT/4 + l*VEC/2 + p for b), which keeps every warp access contiguous;
+// with VEC == 1 a lane holds one whole pair, elements 2l and 2l + 1.
 // A *work item* is (token, chunk of up to kHeads heads of one tensor): the group loads all its
 // heads' vectors first (kHeads * 2 independent 16-byte loads in flight per thread), reads the
-// token's position and its cos/sin once, then rotates and stores every head. More heads per item
-// re-read cos/sin (L1/L2 traffic, half the head's bytes in fp32) less often but need more
-// registers (ROPE_HEADS_PER_ITEM, 16-byte vectors of 2-byte types only; 4 heads need ~80).
-// Heads are held as 32-bit words (HeadVec), so every load and store stays one 16-byte access.
+// token's position and its cos/sin once, then rotates and stores every head. Heads are held as
+// 32-bit words (HeadVec), so every load and store stays one 16-byte access.
 // q and k chunks (and, for the KV variant, k-store and v-copy chunks) are items of one launch.
-// apply_rope launches a block per `kGroups` items (the hardware scheduler overlaps blocks; a
-// persistent grid measured 3% slower at T=16384, ROPE_PERSISTENT=1); the KV kernel's grid is
-// persistent: at most as many blocks as fit on the GPU at once, striding over items. A thread steps
-// its (token, chunk) by the grid's stride's quotient and remainder (no 64-bit division per item: it
-// sat before the first load of every item).
+// apply_rope launches a block per `kGroups` items and lets the hardware scheduler overlap blocks;
+// the KV kernel's grid is persistent: at most as many blocks as fit on the GPU at once, striding
+// over items. A thread steps its (token, chunk) by the grid's stride's quotient and remainder,
+// host-divided (no 64-bit division per item).
 //
 // Programmatic dependent launch: each kernel waits for the previous kernel on the stream
 // (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
 // shapes (one token) are a launch plus two dependent memory round trips (position, then cos/sin),
-// and PDL hides the launch behind the previous kernel's tail; apply_rope's blocks also prefetch their
-// heads and position into L2 before waiting (ROPE_PREFETCH_L2, see there for when).
+// and PDL hides the launch behind the previous kernel's tail; apply_rope's first blocks also
+// prefetch their heads and position into L2 before waiting (RopeKernel::launch says which).
 //
 // Out-of-range indices never touch memory out of bounds: a position outside [0, max_pos) leaves
 // the token unrotated; an out_loc outside [0, num_slots) skips the token's cache store.
@@ -47,48 +42,7 @@ namespace sgljit_rope {
 
 using namespace sgljit;
 
-// apply_rope's threads per block (rounded down to whole lane groups). On the H200, 128 instead of
-// 256 (bf16, 128-dim heads: 16 items a block, 10 blocks per SM under the 48-register budget of then)
-// measured 6-7% faster at T=1 and 0.3-0.7% faster from T=1024 to 65536, neox and gptj alike. The
-// KV kernel keeps 256 (with 128 it measured 2% slower at T=4096 and 16384).
-#ifndef ROPE_BLOCK_TARGET
-#define ROPE_BLOCK_TARGET 128
-#endif
-#ifndef ROPE_KV_BLOCK_TARGET
-#define ROPE_KV_BLOCK_TARGET 256
-#endif
-inline constexpr int kBlockTarget = ROPE_BLOCK_TARGET;
-inline constexpr int kKVBlockTarget = ROPE_KV_BLOCK_TARGET;
-
-// Heads per work item for 16-byte vectors of 2-byte types (VEC >= 8); narrower vectors take 4.
-#ifndef ROPE_HEADS_PER_ITEM
-#define ROPE_HEADS_PER_ITEM 2
-#endif
-// apply_rope's grid. 1: persistent (at most the resident blocks, striding over items); 0: one block
-// per `groups` items, the hardware scheduler overlapping blocks.
-#ifndef ROPE_PERSISTENT
-#define ROPE_PERSISTENT 0
-#endif
-// gptj with each 16-byte vector holding whole pairs, contiguous across the lane group (see above).
-#ifndef ROPE_GPTJ_SPLIT
-#define ROPE_GPTJ_SPLIT 1
-#endif
-
-// apply_rope: in grids of up to one block per SM, and in the first wave of grids of more than a wave,
-// blocks prefetch their first item's heads and position into L2 before the PDL wait
-// (sgljit::prefetch_l2), so that DRAM round trip overlaps the previous kernel's tail.
-#ifndef ROPE_PREFETCH_L2
-#define ROPE_PREFETCH_L2 1
-#endif
-// apply_rope's stores: 0 plain, 1 streaming (st.global.cs) for 16-byte vectors, 2 streaming when the
-// rotated heads fit in L2 (see RopeKernel::run). On the H200 (bf16, 32/8 heads x 128), 2 against 0:
-// T=1024 2-3% and T=4096 1-1.3% faster, equal from T=16384; streaming at every size (1) was 0.7-1%
-// slower at T=16384 and 65536, streaming for k alone where the rest is plain within 0.5%. From
-// T=4096 this kernel and Liger's move the same DRAM bytes at the same share of peak (ncu).
-#ifndef ROPE_STORE_CS
-#define ROPE_STORE_CS 2
-#endif
-
+// The lane group and work item, shared by both kernels.
 template <int ROT, int VEC>
 struct Geometry {
   static_assert(ROT % 2 == 0 && (ROT / 2) % VEC == 0, "rotary_dim / 2 must be a multiple of VEC");
@@ -96,39 +50,42 @@ struct Geometry {
   static constexpr int kLanes = kHalf / VEC;
   // Lane groups in a block of about `target` threads (at least one).
   static constexpr int groups_for(int target) { return kLanes >= target ? 1 : target / kLanes; }
-  static constexpr int kGroups = groups_for(kBlockTarget);
-  static constexpr int kBlock = kLanes * kGroups;
   // cos/sin are fp32: loaded in chunks of at most 4 floats (16 bytes).
   static constexpr int kCosVec = VEC < 4 ? VEC : 4;
-  // Heads per work item: kHeads * 2 vectors of loads in flight per thread, within the budget below.
-  static constexpr int kHeads = VEC >= 8 ? ROPE_HEADS_PER_ITEM : 4;
-  static_assert(kHeads >= 1 && kHeads <= 8, "ROPE_HEADS_PER_ITEM must be in [1, 8]");
-  // Register budget per thread: 56 for 2 heads of 2-byte types (9 blocks of 128 per SM; on the H200,
-  // with streaming stores, against 48 (10 blocks): 1.4% faster at T=4096, 0.3% from 16384, but 4%
-  // slower at T=1024, whose 1280 blocks then take two waves instead of one; 64 for every grid: within
-  // 0.7% from T=4096); 64 for fp32 (4 heads of 4-element vectors spill under 48).
-  // 4 heads of bf16 take ~78 under an 80 cap, no spill (3/8 occupancy; a 64 cap spills).
-  // Grids that fit on the GPU at once only under the tighter budget kRegsOneWave (48 for 2-byte
-  // types) take that kernel instead (RopeKernel::run). ROPE_MAX_REGS overrides both budgets.
-#ifdef ROPE_MAX_REGS
-  static constexpr int kRegs = ROPE_MAX_REGS;
-  static constexpr int kRegsOneWave = kRegs;
-#else
-  static constexpr int kRegs = kHeads * VEC > 16 ? 80 : VEC >= 8 ? 56 : 64;
-  static constexpr int kRegsOneWave = VEC >= 8 && kHeads * VEC <= 16 ? 48 : kRegs;
-#endif
+  // Heads per work item: cos/sin are re-read once per item, but each head holds 2 vectors of
+  // registers; 2 heads of 16-byte vectors of 2-byte types, 4 of narrower vectors.
+  static constexpr int kHeads = VEC >= 8 ? 2 : 4;
+  // gptj with whole pairs per vector (needs an even VEC); cos/sin then come VEC/2 per vector side.
+  template <bool NEOX>
+  static constexpr bool kSplit = !NEOX && VEC >= 2;
+};
+
+// apply_rope's block and register budget.
+template <int ROT, int VEC>
+struct RopeConfig {
+  using G = Geometry<ROT, VEC>;
+  static constexpr int kBlockTarget = 128;  // threads per block: more, smaller blocks per SM than 256
+  static constexpr int kGroups = G::groups_for(kBlockTarget);
+  static constexpr int kBlock = G::kLanes * kGroups;
+  // Registers per thread: 56 for 16-byte vectors of 2-byte types (9 blocks of 128 per SM); 64 for
+  // fp32, whose 4 heads of 4-element vectors spill under 48.
+  static constexpr int kRegs = VEC >= 8 ? 56 : 64;
+  // Grids that fit on the GPU at once only under 48 registers (10 blocks per SM) take that kernel
+  // instead, so they run in one wave (RopeKernel::run).
+  static constexpr int kRegsOneWave = VEC >= 8 ? 48 : kRegs;
   static constexpr int min_blocks_for(int regs) { return 65536 / (regs * kBlock) > 0 ? 65536 / (regs * kBlock) : 1; }
   static constexpr int kMinBlocks = min_blocks_for(kRegs);
   static constexpr int kMinBlocksOneWave = min_blocks_for(kRegsOneWave);
-  // The KV kernel (three kinds of item: q, k + store, v copy) keeps 2 heads per item for 16-byte
-  // vectors of 2-byte types and takes 72-80 registers: 3/8 occupancy.
-  static constexpr int kHeadsKV = VEC >= 8 ? 2 : 4;
-  static constexpr int kGroupsKV = groups_for(kKVBlockTarget);
-  static constexpr int kBlockKV = kLanes * kGroupsKV;
-  static constexpr int kMinBlocksKV = 768 / kBlockKV > 0 ? 768 / kBlockKV : 1;
-  // gptj with whole pairs per vector (needs an even VEC); cos/sin then come VEC/2 per vector side.
-  template <bool NEOX>
-  static constexpr bool kSplit = !NEOX && ROPE_GPTJ_SPLIT && VEC >= 2;
+};
+
+// The KV kernel's block and occupancy (three kinds of item: q, k + store, v copy; 72-80 registers).
+template <int ROT, int VEC>
+struct RopeKVConfig {
+  using G = Geometry<ROT, VEC>;
+  static constexpr int kBlockTarget = 256;  // threads per block: faster than 128 at large T
+  static constexpr int kGroups = G::groups_for(kBlockTarget);
+  static constexpr int kBlock = G::kLanes * kGroups;
+  static constexpr int kMinBlocks = 768 / kBlock > 0 ? 768 / kBlock : 1;  // 3/8 occupancy
 };
 
 struct RopeParams {
@@ -162,7 +119,7 @@ SGLJIT_DEVICE int second_offset(int lane) {
 
 // VEC elements of one 16-byte (or narrower) vector of a head, as registers. 2-byte types are kept
 // as 32-bit words of two elements: held as VEC 2-byte scalars, a vector whose load is conditional
-// took one register per element (4 heads of bf16 needed 118 registers instead of ~80).
+// takes one register per element.
 template <typename T, int VEC>
 struct HeadVec {
   static constexpr bool kPacked = sizeof(T) == 2 && VEC % 2 == 0;
@@ -175,9 +132,7 @@ struct HeadVec {
   template <bool kStream>
   SGLJIT_DEVICE void store_out(T* ptr) const {
     if constexpr (kStream && sizeof(w) == 16) {
-      uint4 r;
-      memcpy(&r, &w, sizeof(r));
-      __stcs(reinterpret_cast<uint4*>(ptr), r);
+      w.store_streaming(reinterpret_cast<Word*>(ptr));
     } else {
       store(ptr);
     }
@@ -329,10 +284,11 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
 // ------------------------------------------------------------------------------------------------
 // apply_rope: q and k rotated in place.
 template <typename T, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores, int kMinBlocks>
-__global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, kMinBlocks)
+__global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
+  using C = RopeConfig<ROT, VEC>;
   const int lane = threadIdx.x % G::kLanes;
   const int off1 = first_offset<ROT, NEOX, VEC>(lane);
   const int off2 = second_offset<ROT, NEOX, VEC>(lane);
@@ -344,8 +300,8 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, kMinBlocks)
     hs = is_q ? p.q_stride_h : p.k_stride_h;
     return is_q ? q + t * p.q_stride_t + h0 * hs : k + t * p.k_stride_t + h0 * hs;
   };
-  if (ROPE_PREFETCH_L2 && static_cast<int>(blockIdx.x) < p.prefetch_blocks) {
-    const ItemWalk w(p, G::kLanes, G::kGroups);
+  if (static_cast<int>(blockIdx.x) < p.prefetch_blocks) {
+    const ItemWalk w(p, G::kLanes, C::kGroups);
     if (w.t < p.num_tokens) {
       int64_t hs;
       int nheads;
@@ -362,7 +318,7 @@ __global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlock, kMinBlocks)
   }
   pdl_wait();  // q, k, positions may be written by the previous kernel
   pdl_launch_dependents();
-  for (ItemWalk w(p, G::kLanes, G::kGroups); w.t < p.num_tokens; w.next(p)) {
+  for (ItemWalk w(p, G::kLanes, C::kGroups); w.t < p.num_tokens; w.next(p)) {
     const int64_t t = w.t;
     int64_t hs;
     int nheads;
@@ -450,16 +406,16 @@ SGLJIT_DEVICE void kv_v_item(const T* src, int64_t src_hs, T* dst, int64_t dst_h
 }
 
 template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
-__global__ void __launch_bounds__(Geometry<ROT, VEC>::kBlockKV, Geometry<ROT, VEC>::kMinBlocksKV)
+__global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<ROT, VEC>::kMinBlocks)
     rope_kv_kernel(T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
                    T* __restrict__ v_cache, const float* __restrict__ cos_sin, const IdxT* __restrict__ positions,
                    const LocT* __restrict__ out_loc, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
-  constexpr int H = G::kHeadsKV;
+  constexpr int H = G::kHeads;
   pdl_wait();  // every input may be written by the previous kernel
   pdl_launch_dependents();
   const int lane = threadIdx.x % G::kLanes;
-  for (ItemWalk w(p, G::kLanes, G::kGroupsKV); w.t < p.num_tokens; w.next(p)) {
+  for (ItemWalk w(p, G::kLanes, RopeKVConfig<ROT, VEC>::kGroups); w.t < p.num_tokens; w.next(p)) {
     const int64_t t = w.t;
     const int chunk = w.chunk;
     const IdxT pos = positions[t];
@@ -538,6 +494,7 @@ inline void check_stride(int64_t stride, int64_t size, int vec, const char* name
 template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
 struct RopeKernel {
   using G = Geometry<ROT, VEC>;
+  using C = RopeConfig<ROT, VEC>;
 
   static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox) {
     check_dtype<T>(q, "q");
@@ -573,17 +530,17 @@ struct RopeKernel {
     // stays in L2 as dirty lines, written back while the next kernels run.
     const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
     const int64_t l2 = device_attribute(device.device_id, cudaDevAttrL2CacheSize);
-    const bool stream = ROPE_STORE_CS == 1 || (ROPE_STORE_CS == 2 && rotated_bytes <= l2);
+    const bool stream = rotated_bytes <= l2;
     // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
-    constexpr auto wide = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, G::kMinBlocks>;
-    constexpr auto tight = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, G::kMinBlocksOneWave>;
-    const int64_t blocks = div_ceil<int64_t>(n * p.chunks, G::kGroups);
+    constexpr auto wide = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
+    constexpr auto tight = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave>;
+    const int64_t blocks = div_ceil<int64_t>(n * p.chunks, C::kGroups);
     const int64_t sms = num_sms(device.device_id);
-    const bool one_wave = G::kMinBlocksOneWave != G::kMinBlocks &&
-                          blocks > sms * resident_blocks<wide>(device.device_id, G::kBlock) &&
-                          blocks <= sms * resident_blocks<tight>(device.device_id, G::kBlock);
+    const bool one_wave = C::kMinBlocksOneWave != C::kMinBlocks &&
+                          blocks > sms * resident_blocks<wide>(device.device_id, C::kBlock) &&
+                          blocks <= sms * resident_blocks<tight>(device.device_id, C::kBlock);
     auto go = [&](auto stream_c, auto one_wave_c) {
-      constexpr int kMin = decltype(one_wave_c)::value ? G::kMinBlocksOneWave : G::kMinBlocks;
+      constexpr int kMin = decltype(one_wave_c)::value ? C::kMinBlocksOneWave : C::kMinBlocks;
       launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache, positions, p,
                                                                                  device);
     };
@@ -599,14 +556,14 @@ struct RopeKernel {
   template <auto kernel>
   static void launch(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, RopeParams p,
                      DLDevice device) {
-    const int grid = grid_size<kernel>(G::kBlock, G::kGroups, device.device_id, p, ROPE_PERSISTENT != 0);
-    // The prefetch before the PDL wait measured 14% faster at T=1 (1 block), 3% slower at T=1024 (640
-    // blocks, all resident at once: the whole input's prefetches compete with the previous kernel's
-    // loads), 0.6-0.7% faster at T=4096 and 16384 (more than a wave: only the first wave prefetches).
+    const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p, /*persistent=*/false);
+    // L2 prefetch before the PDL wait: every block of a grid of up to one block per SM, the first wave
+    // of a grid of more than a wave; none where the whole grid is resident at once (there the whole
+    // input's prefetches would compete with the previous kernel's loads).
     const int sms = num_sms(device.device_id);
-    const int64_t wave = int64_t{sms} * resident_blocks<kernel>(device.device_id, G::kBlock);
+    const int64_t wave = int64_t{sms} * resident_blocks<kernel>(device.device_id, C::kBlock);
     p.prefetch_blocks = grid <= sms ? grid : grid > wave ? static_cast<int32_t>(wave) : 0;
-    LaunchKernel(kernel, grid, G::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
+    LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
         static_cast<const IdxT*>(positions.data_ptr()), p);
   }
@@ -615,6 +572,7 @@ struct RopeKernel {
 template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
 struct RopeKVKernel {
   using G = Geometry<ROT, VEC>;
+  using C = RopeKVConfig<ROT, VEC>;
   static_assert(HEAD_DIM % VEC == 0 && ROT <= HEAD_DIM, "bad head_dim for this specialization");
 
   static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
@@ -648,8 +606,8 @@ struct RopeKVKernel {
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(hq);
     p.k_heads = static_cast<int32_t>(hk);
-    p.q_chunks = div_ceil(p.q_heads, G::kHeadsKV);
-    p.k_chunks = div_ceil(p.k_heads, G::kHeadsKV);
+    p.q_chunks = div_ceil(p.q_heads, G::kHeads);
+    p.k_chunks = div_ceil(p.k_heads, G::kHeads);
     p.chunks = p.q_chunks + 2 * p.k_chunks;
     p.num_tokens = n;
     p.q_stride_t = q.stride(0);
@@ -668,8 +626,8 @@ struct RopeKVKernel {
     if (n == 0) return;
     const DLDevice device = q.device();
     constexpr auto kernel = rope_kv_kernel<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC>;
-    const int grid = grid_size<kernel>(G::kBlockKV, G::kGroupsKV, device.device_id, p);
-    LaunchKernel(kernel, grid, G::kBlockKV, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(
+    const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p);
+    LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
         static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
         static_cast<const float*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
