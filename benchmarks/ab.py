@@ -3,7 +3,7 @@ flags (``SGLJIT_EXTRA_CUDA_CFLAGS``, part of the JIT cache key, so variants buil
 and/or other environment variables. Only sgljit is timed.
 
     python3 benchmarks/ab.py norm --tokens 1,128,65536 --ops rmsnorm \\
-        --variant base= --variant "v8=-DNORM_VECS_PER_THREAD=8 -DNORM_WEIGHT_IN_REGS=0" \\
+        --variant base= --variant "lineinfo=-lineinfo" \\
         --variant "nopdl=@SGLJIT_PDL=0" --rounds 2 --out /tmp/ab.md
 
 A variant is ``NAME=FLAGS``; words of FLAGS that start with ``@`` are ``KEY=VALUE`` environment

@@ -373,7 +373,7 @@ def test_cuda_many_rows(backend_env_cuda):
     ops.rmsnorm(x, w8, out=out)
     _close(out, _oracle(x, w8, 1e-6), BF16, "rmsnorm 300007x8")
     # 16411x4096: from 16384 rows of 4096 rmsnorm and the fused add take their many-rows row
-    # groups (NORM_MANY_ROWS).
+    # groups (NormConfig::kManyRows in csrc/norm.cuh).
     for rows, width, seed in ((70001, 1024, 20), (16411, 4096, 23)):
         w = _randn((width,), BF16, "cuda", seed)
         a = _randn((rows, width), BF16, "cuda", seed + 1)

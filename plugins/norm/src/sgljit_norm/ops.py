@@ -28,7 +28,7 @@ __all__ = [
 
 family = Family("norm", __file__)
 HEAD_DIMS = (64, 128, 256, 512, 1024)
-_MAX_VECS_PER_ROW = 4096  # csrc/norm.cuh kMaxVecsPerRow
+_MAX_VECS_PER_ROW = 4096  # csrc/norm.cuh NormConfig::kMaxVecsPerRow
 _FLEET_DTYPES = (torch.bfloat16, torch.float16)
 _FLEET_HIDDENS = (
     1024,

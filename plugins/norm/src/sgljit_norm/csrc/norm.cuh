@@ -3,40 +3,29 @@
 //
 //   y = x * rsqrt(mean(x^2) + eps) * w       computed in fp32, cast once to the element type
 //
-// Fast path (the row width H is a template argument, H a whole number of 16-byte vectors, at most 4096
-// of them; 16-byte aligned rows):
-//  * a row is spread over kThreads threads ("a row group"), each holding NORM_VECS_PER_THREAD (fused
-//    add: half as many) 16-byte vectors of the row and of the weight in registers, loaded together, so
-//    x is read from memory once and a row costs one memory round trip; up to 32 threads the group is a
-//    (sub-)warp reduced with shuffles only, beyond it a multi-warp group reduced through shared memory;
-//  * one row group per block, grid = row groups: the hardware scheduler overlaps one block's
-//    reduction and stores with other blocks' loads, which measured faster than a persistent
-//    grid-striding wave with the next row prefetched (NORM_PERSISTENT=1 keeps that variant);
-//  * loads are plain 16-byte ld.global.nc: the L1::no_allocate + L2::256B hints (NORM_LOAD=0)
-//    measured 5% slower at 65536x4096 on the H200. Stores are plain for rmsnorm and streaming
-//    (st.global.cs) for the fused add, which writes two rows per row: there they measured 2-6% faster
-//    (65536x4096: 530.1 vs 545.7 us), for rmsnorm 0.7% slower (NORM_STORE);
+// Fast path (the row width H is a template argument, H a whole number of 16-byte vectors, at most
+// NormConfig::kMaxVecsPerRow of them; 16-byte aligned rows):
+//  * a row is spread over a "row group" of threads, each holding a few 16-byte vectors of the row and
+//    of the weight in registers, loaded together: x is read from memory once and a row costs one memory
+//    round trip. Up to 32 threads the group is a (sub-)warp reduced with shuffles only, beyond it a
+//    multi-warp group reduced through shared memory;
+//  * one row group per block (small groups: several per block), grid = row groups, so the hardware
+//    scheduler overlaps one block's reduction and stores with other blocks' loads;
+//  * loads are 16-byte ld.global.nc; stores are plain for rmsnorm and streaming (st.global.cs) for the
+//    fused add, which writes two rows per row;
 //  * launched with programmatic dependent launch: the block waits for the previous kernel before its
-//    first access, and the launch latency overlaps that kernel's tail. In grids of up to one block
-//    per SM (small T) the blocks prefetch their rows and the weight into L2 before waiting (one bulk
-//    request per row: 128x4096 2.12 -> 1.72 us on the H200 against a prefetch per thread), so the
-//    first DRAM round trip overlaps that tail too (NORM_PREFETCH_L2; safe for data the previous kernel
-//    writes, see sgljit::prefetch_l2);
-//  * many rows (NORM_MANY_ROWS, 16384) of 4096 16-bit elements (512 vectors) take their own row
-//    groups (NORM_MANY_*), each measured on the H200 against the default there:
-//      - the fused add (also for rows of 257-511 vectors): 128 threads of 4 vectors per stream
-//        instead of 256 of 2: 65536x4096 and 16384x4096 2% faster (even with 8 bytes spilled under
-//        the 64-register budget; 80 registers gained nothing); at 1024 rows and below 6-40% slower,
-//        for wider rows no faster;
-//      - rmsnorm: 256 threads of 2 vectors instead of 128 of 4, under a 1536-thread register budget
-//        (6 rows in flight per SM instead of 8): 65536x4096 257.6 -> 254.7 us, 16384x4096 65.6 ->
-//        65.0 (a plain copy of those bytes, torch.mul, takes 252.0 and 64.7); equal at 128-4096
-//        rows; with a 1024-thread budget (4 rows in flight) 16% slower, for wider rows 3-47% slower.
+//    first access, and the launch latency overlaps that kernel's tail. Small grids (at most
+//    kPrefetchBlocksPerSM blocks per SM) first prefetch their rows and the weight into L2, one bulk
+//    request per row, so the first DRAM round trip overlaps that tail too (safe for data the previous
+//    kernel writes, see sgljit::prefetch_l2);
+//  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) take their own row groups and
+//    register budgets (NormConfig::kMany*).
 // A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
 // rest on set b, each share sized by its number of rows.
 //
 // Generic path (any H, any alignment): one block per row, scalar accesses, two passes over the row
 // (the second pass re-reads the row, from L1/L2). Used when the fast path's conditions do not hold.
+// Tuning constants: NormConfig below; benchmarks/NOTES.md has the measurements behind them.
 #pragma once
 
 #include <sgljit/cuda.cuh>
@@ -62,72 +51,49 @@ using sgljit::to_float;
 // ------------------------------------------------------------------------------------------------
 // Configuration
 // ------------------------------------------------------------------------------------------------
+struct NormConfig {
+  // 16-byte vectors of a row a thread holds (the fused add: half as many of each of its two rows).
+  static constexpr int kVecsPerThread = 4;
+  // Largest row on the fast path (1024 threads x 4 vectors): bf16/fp16 32768 elements, fp32 16384;
+  // ops.py's _MAX_VECS_PER_ROW mirrors it.
+  static constexpr int kMaxVecsPerRow = 4096;
+  // Resident threads per SM the register budget (__launch_bounds__) is sized for: 64 registers.
+  static constexpr int kThreadsPerSM = 1024;
+  // Threads of the smallest block: several (sub-)warp row groups share a block below it (group_block).
+  static constexpr int kMinBlock = 128;
+  // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids
+  // the prefetches compete with the previous kernel's loads.
+  static constexpr int kPrefetchBlocksPerSM = 1;
+  // From this many rows, rows of 512 vectors (the fused add: 257-512) take the kMany* row groups.
+  static constexpr int kManyRows = 16384;
+  // ... the fused add there: 128 threads of 4 vectors per stream, 64 registers.
+  static constexpr int kManyFusedVecs = 4;
+  static constexpr int kManyFusedThreadsPerSM = 1024;
+  // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
+  static constexpr int kManyPlainVecs = 2;
+  static constexpr int kManyPlainThreadsPerSM = 1536;
+  // Output stores: streaming (st.global.cs) for the fused add, which writes two rows per row; plain
+  // for the others.
+  template <bool kFused>
+  static constexpr bool kStreamingStores = kFused;
+};
+
 constexpr int pow2_ceil(int x) {
   int p = 1;
   while (p < x) p <<= 1;
   return p;
 }
 
-// Largest number of 16-byte vectors per row on the fast path (1024 threads x 4 vectors): bf16/fp16
-// rows up to 32768 elements, fp32 rows up to 16384.
-inline constexpr int kMaxVecsPerRow = 4096;
-
-// Tuning knobs (benchmarks/NOTES.md has the measurements behind the defaults); each can be set with
-// SGLJIT_EXTRA_CUDA_CFLAGS="-DNAME=value" to compare alternatives.
-#ifndef NORM_PERSISTENT  // 1: one wave of blocks grid-striding over rows; 0: one row group per block
-#define NORM_PERSISTENT 0
-#endif
-#ifndef NORM_VECS_PER_THREAD  // 16-byte vectors of a row a thread aims to hold (halved for the fused add)
-#define NORM_VECS_PER_THREAD 4
-#endif
-#ifndef NORM_LOAD  // 0: ld.global.nc with L1::no_allocate + L2::256B prefetch; 1: plain ld.global.nc
-#define NORM_LOAD 1
-#endif
-#ifndef NORM_STORE  // 0: plain 16-byte stores; 1: st.global.cs (streaming) everywhere; 2: in the fused add
-#define NORM_STORE 2
-#endif
-#ifndef NORM_THREADS_PER_SM  // resident threads per SM the register budget is sized for
-#define NORM_THREADS_PER_SM 1024
-#endif
-#ifndef NORM_WEIGHT_IN_REGS  // 0: read the weight (an L1 hit) after the reduction, to save registers
-#define NORM_WEIGHT_IN_REGS 1
-#endif
-#ifndef NORM_PREFETCH_L2  // 1: blocks of small grids prefetch their rows into L2 before the PDL wait
-#define NORM_PREFETCH_L2 1
-#endif
-#ifndef NORM_PREFETCH_BLOCKS_PER_SM  // "small": at most this many blocks per SM
-#define NORM_PREFETCH_BLOCKS_PER_SM 1
-#endif
-#ifndef NORM_MANY_ROWS  // from this many rows, the NORM_MANY_* row groups (0x7fffffff: never)
-#define NORM_MANY_ROWS 16384
-#endif
-#ifndef NORM_MANY_FUSED_VECS  // the fused add's vectors per thread and stream there
-#define NORM_MANY_FUSED_VECS 4
-#endif
-#ifndef NORM_MANY_FUSED_THREADS_PER_SM  // ... and its register budget (1024: 64 registers)
-#define NORM_MANY_FUSED_THREADS_PER_SM 1024
-#endif
-#ifndef NORM_MANY_PLAIN_VECS  // rmsnorm's vectors per thread there
-#define NORM_MANY_PLAIN_VECS 2
-#endif
-#ifndef NORM_MANY_PLAIN_THREADS_PER_SM  // ... and its register budget (1536: 40 registers)
-#define NORM_MANY_PLAIN_THREADS_PER_SM 1536
-#endif
-#ifndef NORM_MIN_BLOCK  // threads of the smallest block: several row groups share a block below it
-#define NORM_MIN_BLOCK 128
-#endif
-inline constexpr bool kPersistent = NORM_PERSISTENT != 0;
-
 // 16-byte vectors per thread and stream a row aims at: the fused add reads two rows (input and
 // residual) per row, so it holds half as many of each; `kMany`: the many-rows configs (see launch_norm).
 template <bool kFused, bool kMany = false>
-inline constexpr int kVecTarget = kMany ? (kFused ? NORM_MANY_FUSED_VECS : NORM_MANY_PLAIN_VECS)
-                                  : kFused ? std::max(1, NORM_VECS_PER_THREAD / 2)
-                                           : NORM_VECS_PER_THREAD;
+inline constexpr int kVecTarget = kMany ? (kFused ? NormConfig::kManyFusedVecs : NormConfig::kManyPlainVecs)
+                                  : kFused ? std::max(1, NormConfig::kVecsPerThread / 2)
+                                           : NormConfig::kVecsPerThread;
 
 // Threads of a multi-warp row group of n vectors at about `target` vectors a thread: a power of two,
-// unless whole warps leave fewer vector slots idle (H=5120: 160 threads x 4 instead of 256 x 3, 11-17%
-// faster on the H200; where both leave as many idle, the power of two measured as fast or faster).
+// unless whole warps leave fewer vector slots idle (H=5120: 160 threads x 4 instead of 256 x 3); on a
+// tie, the power of two.
 constexpr int idle_slots(int n, int threads) { return threads * div_ceil(n, threads) - n; }
 constexpr int group_threads(int n, int target) {
   const int pow2 = std::clamp(pow2_ceil(div_ceil(n, target)), 64, 1024);
@@ -140,7 +106,7 @@ template <typename T, int kH, int kTarget>
 struct RowConfig {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
   static constexpr int kNumVec = kH / kVec;                        // vectors per row
-  static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= kMaxVecsPerRow;
+  static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= NormConfig::kMaxVecsPerRow;
   // Up to 32 * kTarget vectors: a power-of-two sub-warp, reduced with shuffles only.
   // Beyond: a multi-warp group of 64..1024 threads (group_threads).
   static constexpr int kThreads =
@@ -151,16 +117,14 @@ struct RowConfig {
   // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
   // memory round trip); wider rows (only where 1024 threads are not enough) read the weight from L1
   // after the reduction, to stay within the register budget without spilling.
-  static constexpr bool kWeightInRegs = NORM_WEIGHT_IN_REGS && kVecsPerThread <= kTarget;
-  // Persistent blocks prefetch their next row into registers while finishing the current one.
-  static constexpr bool kPrefetch = kPersistent && kWeightInRegs;
+  static constexpr bool kWeightInRegs = kVecsPerThread <= kTarget;
 };
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
 // few rows over many SMs (latency at small T); at large T an SM holds 8+ of them. Two row sets (q and
 // k) share a block: a multiple of both groups.
 constexpr int group_block(int threads) {
-  return threads >= NORM_MIN_BLOCK ? threads : div_ceil(NORM_MIN_BLOCK, threads) * threads;
+  return threads >= NormConfig::kMinBlock ? threads : div_ceil(NormConfig::kMinBlock, threads) * threads;
 }
 template <typename T, int kHA, int kHB, int kTarget>
 inline constexpr int kBlockThreads =
@@ -195,27 +159,20 @@ SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T>& s, int64_t row) {
   return {o * s.in_s0 + i * s.in_s1, o * s.out_s0 + i * s.out_s1, o * s.res_s0 + i * s.res_s1};
 }
 
-// 16-byte load of a row through the read-only path (NORM_LOAD=0: with L1::no_allocate + L2::256B hints).
+// 16-byte load of a row through the read-only path.
 template <typename V>
 SGLJIT_DEVICE void load_stream(V& v, const void* ptr) {
   static_assert(sizeof(V) == 16, "load_stream moves 16 bytes");
-  uint4 r;
-#if NORM_LOAD == 0
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(ptr));
-#else
-  r = __ldg(static_cast<const uint4*>(ptr));
-#endif
+  const uint4 r = __ldg(static_cast<const uint4*>(ptr));
   memcpy(&v, &r, sizeof(V));
 }
 
-// 16-byte store of a row's output: streaming (st.global.cs, evict-first) for NORM_STORE=1, and for
-// the fused add (kFused) with NORM_STORE=2; plain otherwise.
+// 16-byte store of a row's output: streaming (st.global.cs, evict-first) or plain, per
+// NormConfig::kStreamingStores.
 template <bool kFused, typename V>
 SGLJIT_DEVICE void store_stream(const V& v, void* ptr) {
   static_assert(sizeof(V) == 16, "store_stream moves 16 bytes");
-  if constexpr (NORM_STORE == 1 || (NORM_STORE == 2 && kFused)) {
+  if constexpr (NormConfig::kStreamingStores<kFused>) {
     uint4 r;
     memcpy(&r, &v, sizeof(V));
     __stcs(static_cast<uint4*>(ptr), r);
@@ -249,7 +206,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
   using Cfg = RowConfig<T, kH, kTarget>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
-  constexpr bool kPrefetch = Cfg::kPrefetch, kWeightInRegs = Cfg::kWeightInRegs;
+  constexpr bool kWeightInRegs = Cfg::kWeightInRegs;
   constexpr int kRowsPerBlock = kBlock / kTPR;
   static_assert(kBlock % kTPR == 0, "a block holds whole row groups");
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
@@ -272,43 +229,25 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
     }
   }
 
+  // Grid = row groups, so a block runs one iteration (more only past grid.x's 2^31 - 1 blocks).
   V x[kVPT], r[kVPT];
-  auto load_row = [&](const RowOffsets& o, V* xv, V* rv) {
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      if (has(j)) {
-        load_stream(xv[j], s.in + o.in + col(j));
-        if constexpr (kFused) load_stream(rv[j], s.res + o.res + col(j));
-      }
-    }
-  };
-
   int64_t g = first;
   int64_t row = g * kRowsPerBlock + sub;
   bool valid = row < s.rows;
   RowOffsets off{0, 0, 0};
-  if (kPrefetch && valid) {
-    off = row_offsets(s, row);
-    load_row(off, x, r);
-  }
-
   int parity = 0;
   for (; g < groups; g += step) {
     const int64_t g_next = g + step;
     const int64_t row_next = g_next * kRowsPerBlock + sub;
     const bool valid_next = g_next < groups && row_next < s.rows;
-    RowOffsets off_next{0, 0, 0};
-    V xn[kPrefetch ? kVPT : 1], rn[kPrefetch && kFused ? kVPT : 1];
-    if constexpr (kPrefetch) {
-      // The next row of this thread's group is in flight while the current one is finished.
-      if (valid_next) {
-        off_next = row_offsets(s, row_next);
-        load_row(off_next, xn, rn);
-      }
-    } else {
-      if (valid) {
-        off = row_offsets(s, row);
-        load_row(off, x, r);
+    if (valid) {
+      off = row_offsets(s, row);
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        if (has(j)) {
+          load_stream(x[j], s.in + off.in + col(j));
+          if constexpr (kFused) load_stream(r[j], s.res + off.res + col(j));
+        }
       }
     }
 
@@ -354,17 +293,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
         }
       }
     }
-
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int j = 0; j < kVPT; ++j) {
-        x[j] = xn[j];
-        if constexpr (kFused) r[j] = rn[j];
-      }
-      off = off_next;
-    } else {
-      row = row_next;
-    }
+    row = row_next;
     valid = valid_next;
   }
 }
@@ -390,7 +319,7 @@ template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB, in
 __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
     norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps, const int prefetch_blocks) {
   __shared__ float red[2 * (kBlock / 32)];
-  if (NORM_PREFETCH_L2 && static_cast<int>(blockIdx.x) < prefetch_blocks) {
+  if (static_cast<int>(blockIdx.x) < prefetch_blocks) {
     if (static_cast<int>(blockIdx.x) < grid_a) {
       prefetch_rows<T, kHA, kTarget, kBlock, kFused>(a, blockIdx.x);
     } else if constexpr (kHB > 0) {
@@ -490,16 +419,12 @@ void launch_fast(const RowSet<T>& a, const RowSet<T>& b, bool has_b, float eps, 
   if constexpr (kHB > 0) {
     if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kTarget>::kThreads);
   }
-  // Not persistent: a block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
-  const int sms = sgljit::num_sms(device.device_id);
-  const int64_t cap = kPersistent ? int64_t{sms} * sgljit::resident_blocks<kernel>(device.device_id, kBlock)
-                                  : int64_t{0x7fffffff};
+  // A block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
   int grid_a = 0, grid = 0;
-  split_grid(ga, gb, cap, &grid_a, &grid);
-  // The prefetch before the PDL wait measured 6-42% faster for grids of up to one block per SM
-  // (1-128 rows of 4096) and up to 54% slower with every block of 1024 rows prefetching (the whole
-  // input's prefetches compete with the previous kernel's loads): only small grids use it.
-  const int prefetch_blocks = grid <= int64_t{sms} * NORM_PREFETCH_BLOCKS_PER_SM ? grid : 0;
+  split_grid(ga, gb, int64_t{0x7fffffff}, &grid_a, &grid);
+  // Only small grids prefetch into L2 before the PDL wait (NormConfig::kPrefetchBlocksPerSM).
+  const int sms = sgljit::num_sms(device.device_id);
+  const int prefetch_blocks = grid <= int64_t{sms} * NormConfig::kPrefetchBlocksPerSM ? grid : 0;
   sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps, prefetch_blocks);
 }
 
@@ -513,15 +438,16 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
   // 1024 threads take the generic kernel.
   if constexpr (kHA > 0 && kBlockThreads<T, kHA, kHB, kVecTarget<kFused>> <= 1024) {
     if (fast) {
-      constexpr int kThreadsPerSM = kHB > 0 ? NORM_THREADS_PER_SM * 3 / 4 : NORM_THREADS_PER_SM;
-      // Many rows of the widths the many-rows row groups were measured faster for (see the top of
-      // this file): the fused add 257-512 vectors, rmsnorm 512.
-      constexpr int kManyThreadsPerSM = kFused ? NORM_MANY_FUSED_THREADS_PER_SM : NORM_MANY_PLAIN_THREADS_PER_SM;
+      constexpr int kThreadsPerSM = kHB > 0 ? NormConfig::kThreadsPerSM * 3 / 4 : NormConfig::kThreadsPerSM;
+      // Many rows of the widths the many-rows row groups are for: the fused add 257-512 vectors,
+      // rmsnorm 512.
+      constexpr int kManyThreadsPerSM =
+          kFused ? NormConfig::kManyFusedThreadsPerSM : NormConfig::kManyPlainThreadsPerSM;
       constexpr int kNumVec = RowConfig<T, kHA, 1>::kNumVec;
       constexpr bool kManyWidth = kFused ? kNumVec > 256 && kNumVec <= 512 : kNumVec == 512;
       using Many = RowConfig<T, kHA, kVecTarget<kFused, true>>;
-      if constexpr (kHB == 0 && NORM_MANY_ROWS < 0x7fffffff && kManyWidth && Many::kWeightInRegs) {
-        if (a.rows >= NORM_MANY_ROWS) {
+      if constexpr (kHB == 0 && kManyWidth && Many::kWeightInRegs) {
+        if (a.rows >= NormConfig::kManyRows) {
           launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<kFused, true>, kManyThreadsPerSM>(a, b, has_b, eps,
                                                                                                device, name);
           return;

@@ -16,8 +16,7 @@
 // block computes them (into registers, or the block's shared table) *before* pdl_wait(), while
 // the previous kernel on the stream is still finishing; the first global access (the timestep)
 // follows the wait. At B=1 the time is then a launch hidden behind the previous kernel plus one
-// chain: load t, sincos, store. TS_FREQ_AFTER_WAIT=1 waits first and computes them while the
-// first timestep's load is in flight (what the kernel did before PDL), to measure the difference.
+// chain: load t, sincos, store.
 //
 // sin/cos: Cody-Waite reduction of the fp32 argument by 2*pi (2*pi split into three fp32 constants,
 // fma; r = x - k*2*pi rounded once) into [-pi, pi], then the hardware __sincosf (MUFU), whose
@@ -52,33 +51,20 @@ inline constexpr float kTwoPiHi = 0x1.921fb6p+2f;    // 6.28318548
 inline constexpr float kTwoPiMid = -0x1.777a5cp-23f;  // -1.74845553e-07
 inline constexpr float kTwoPiLo = -0x1.ee59dap-48f;   // -6.86049804e-15
 
-inline constexpr int kRowsBlockThreads = 512;
-inline constexpr int kFlatBlockThreads = 256;
+// Configuration.
+inline constexpr int kRowsBlockThreads = 512;  // rows kernel: most threads a block (column groups x rows)
+inline constexpr int kFlatBlockThreads = 256;  // flat kernel: threads a block
 inline constexpr int kMaxTableColumns = 8192;  // flat kernel: per-block table of half floats in smem
 
-#ifndef TS_FREQ_AFTER_WAIT
-#define TS_FREQ_AFTER_WAIT 0
-#endif
 // Batches of at most this many rows take the rows kernel with one column per thread: each thread
 // then computes one fp64 exp before the wait instead of V (a 16-byte vector's worth), which is what
-// a single timestep's latency is made of. 0: always V columns per thread.
-#ifndef TS_SMALL_BATCH
-#define TS_SMALL_BATCH 4
-#endif
+// a single timestep's latency is made of.
+inline constexpr int kSmallBatch = 4;
 
-// Waits for the previous kernel (PDL) where the frequencies are computed before it ...
-SGLJIT_DEVICE void wait_before_freq() {
-  if constexpr (TS_FREQ_AFTER_WAIT) {
-    pdl_wait();
-    pdl_launch_dependents();
-  }
-}
-// ... or after them (the default): no global memory access happens before this.
+// Waits for the previous kernel (PDL), after the frequencies: no global memory access happens before.
 SGLJIT_DEVICE void wait_after_freq() {
-  if constexpr (!TS_FREQ_AFTER_WAIT) {
-    pdl_wait();
-    pdl_launch_dependents();
-  }
+  pdl_wait();
+  pdl_launch_dependents();
 }
 
 SGLJIT_DEVICE float load_t(const float* p) { return *p; }
@@ -132,8 +118,6 @@ __global__ void __launch_bounds__(kRowsBlockThreads) timestep_embedding_rows_ker
   int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const auto first_t = [&] { return row < p.rows ? load_t(t + row * p.t_stride) : 0.f; };
   float t_next = 0.f;
-  wait_before_freq();
-  if constexpr (TS_FREQ_AFTER_WAIT) t_next = first_t();  // its latency overlaps the fp64 exps
 
   const int group = blockIdx.y * blockDim.x + threadIdx.x;
   float freq[V];
@@ -157,7 +141,7 @@ __global__ void __launch_bounds__(kRowsBlockThreads) timestep_embedding_rows_ker
     for (int i = 0; i < V; ++i) freq[i] = s_freq[threadIdx.x * V + i];
   }
   wait_after_freq();  // (threads without columns left before it: an exit counts as the trigger)
-  if constexpr (!TS_FREQ_AFTER_WAIT) t_next = first_t();
+  t_next = first_t();
   TOut* sin_col = out + (p.flip ? p.half : 0) + group * V;
   TOut* cos_col = out + (p.flip ? 0 : p.half) + group * V;
 
@@ -196,7 +180,6 @@ __global__ void __launch_bounds__(kFlatBlockThreads) timestep_embedding_flat_ker
   extern __shared__ float s_freq[];  // half columns when p.use_table
   const TIn* __restrict__ t = static_cast<const TIn*>(p.t);
   TOut* __restrict__ out = static_cast<TOut*>(p.out);
-  wait_before_freq();
   if (p.use_table) {
     for (int i = threadIdx.x; i < p.half; i += blockDim.x) {
       s_freq[i] = column_freq(i, p.neg_log_max_period, p.denominator);
@@ -229,7 +212,7 @@ template <typename TIn, typename TOut, int V>
 void launch(const Params& p, bool rows_kernel, DLDevice device) {
   const int sms = num_sms(device.device_id);
   if constexpr (V > 1) {
-    if (rows_kernel && p.rows <= TS_SMALL_BATCH && p.half <= 256 * 65535) {
+    if (rows_kernel && p.rows <= kSmallBatch && p.half <= 256 * 65535) {
       Params one = p;
       one.groups = p.half;
       launch<TIn, TOut, 1>(one, true, device);
