@@ -15,7 +15,8 @@
 #   env              versions, GPU, installed wheels (always run first, implicitly)
 #   tests            python3 -m pytest -x -q tests/ -m "not slow"
 #   tests:EXPR       the same with -k EXPR
-#   pytest:ARGS      python3 -m pytest ARGS (ARGS split on spaces), e.g. pytest:tests/plugins/test_norm.py
+#   pytest:ARGS      python3 -m pytest ARGS (split as the shell splits words, so quotes group them),
+#                    e.g. "pytest:tests/plugins/test_norm.py -k 'cuda or many_rows'"
 #   ceiling          measure the streaming ceiling alone (benchmarks/harness.py)
 #   bench:FAMILY     python3 benchmarks/bench_FAMILY.py      (bench:FAMILY:ARGS passes ARGS, split on
 #                    spaces: 'bench:norm:--tokens 1,65536 --providers sgljit,liger')
@@ -166,8 +167,9 @@ for step in "$@"; do
         tests) run_step "$step" python3 -m pytest -x -q -p no:cacheprovider tests/ -m "not slow" ;;
         tests:*) run_step "$step" python3 -m pytest -x -q -p no:cacheprovider tests/ -m "not slow" -k "${step#tests:}" ;;
         pytest:*)
-            # shellcheck disable=SC2086
-            run_step "$step" python3 -m pytest -p no:cacheprovider ${step#pytest:}
+            # ARGS split as the shell splits words, so quotes group them: pytest:-k 'cuda or prebuild'
+            eval "pytest_args=(${step#pytest:})"
+            run_step "$step" python3 -m pytest -p no:cacheprovider "${pytest_args[@]}"
             ;;
         ceiling) run_step "$step" python3 benchmarks/harness.py ;;
         bench:*)
