@@ -48,20 +48,11 @@ def available_backends() -> tuple[list[tuple[str, Any]], list[str]]:
     return found, notes
 
 
-def _sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-
-
 def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
     from .backend import use_backend
     from .plugins import discover, load_target
-    from .testing import max_error
+    from .testing import max_error, synchronize
 
     backends, notes = available_backends()
     rows: list[tuple[str, ...]] = []
@@ -84,14 +75,14 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
                     with use_backend(backend):
                         started = time.perf_counter()
                         result, expected = case["run"]()  # first call: may compile
-                        _sync(device)
+                        synchronize(device)
                         first = time.perf_counter() - started
                         error = max_error(result, expected)
                         times = []
                         for _ in range(repeats):
                             t0 = time.perf_counter()
                             case["run"]()
-                            _sync(device)
+                            synchronize(device)
                             times.append(time.perf_counter() - t0)
                     ok = error <= case.get("tol", 1e-5)
                     status = "ok" if ok else "WRONG"

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from . import backend as _backend
-from .jit_utils import as_dtype, make_cpp_args
+from .jit_utils import as_dtype, forget_on_clear, make_cpp_args
 
 __all__ = ["FLOATS", "Case", "Cuda", "Family", "Op", "Scalar", "Sycl", "Tensor", "as_rows"]
 
@@ -218,8 +218,7 @@ class Op:
         self._bools = tuple(
             (i, n) for i, n in enumerate(self.params) if _annotation(self.args[n]) is bool
         )
-        self._cuda_fns: dict = {}
-        self._sycl_modules: dict = {}
+        self._cuda_fns: dict = forget_on_clear({})  # key -> the tvm-ffi function of this op
 
         def dispatch(*a, **kw):  # what the custom op runs (compiled graphs), on any backend
             self._run(self._positional(a, kw))
@@ -280,7 +279,8 @@ class Op:
             raise NotImplementedError(f"sgljit::{self.name} has no sycl implementation")
         else:
             key = self.sycl.key(*args)
-            self.sycl.launch(self._sycl_module(key), key, *args)
+            module = self.family.sycl_module(self.sycl.module or self.name, key)
+            self.sycl.launch(module, key, *args)
         return None
 
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
@@ -346,15 +346,6 @@ class Op:
         fn = getattr(self.family.cuda_module(self.cuda.module or self.name, params), self.name)
         self._cuda_fns[key] = fn
         return fn
-
-    def _sycl_module(self, key: Mapping[str, Any]):
-        frozen = _freeze(key)
-        module = self._sycl_modules.get(frozen)
-        if module is None:
-            module = self._sycl_modules[frozen] = self.family.sycl_module(
-                self.sycl.module or self.name, key
-            )
-        return module
 
     def cpp_checks(self, function: str, target: str) -> str:
         """C++ of a function ``function`` that checks its arguments as this op declares, then calls
@@ -531,7 +522,8 @@ class Family:
         self.name = name
         self.root = Path(file).resolve().parent
         self.ops: dict[str, Op] = {}
-        self._modules: dict = {}
+        # Loaded modules; sgljit.clear_module_cache() forgets them (the disk cache keeps them).
+        self._modules: dict = forget_on_clear({})
         self._lock = threading.Lock()
 
     def op(self, name: str, **spec: Any) -> Op:
@@ -597,13 +589,6 @@ class Family:
                 extra_sycl_cflags=[f"-D{k}={v}" for k, v in values.items()],
             )
         return found
-
-    def clear(self) -> None:
-        """Forget loaded modules (they stay in the disk cache)."""
-        self._modules.clear()
-        for op in self.ops.values():
-            op._cuda_fns.clear()
-            op._sycl_modules.clear()
 
     # -- fleet and checks ------------------------------------------------------------------------
     def prebuild_specs(self, backend: str) -> list[dict]:
