@@ -739,6 +739,16 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
             "per row, into a given scales buffer",
         },
         {
+            "op": "per_token_quant_fp8 1×4096, scales= given",
+            "inputs": lambda: quant() | {"scales": torch.empty(1, 1, device=dev)},
+            "sgljit": lambda o: (
+                lambda i, f=o.per_token_quant_fp8: f(i["x"], out=i["out"], scales=i["scales"])
+            ),
+            "sglang": sj.load_per_token_quant_fp8,
+            "sglang_prepare": sj.prepare_per_token_scales,
+            "note": "both write into given buffers",
+        },
+        {
             "op": "timestep_embedding B=1 dim=256 fp32, out= given",
             "inputs": timestep,
             "sgljit": lambda o: (

@@ -3,6 +3,8 @@ Python and generated C++, prebuild entries and check cases."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -180,7 +182,7 @@ def test_prebuild_specs_are_one_per_module_with_dtypes_by_name():
 
 
 def test_declarations_are_checked():
-    with pytest.raises(ValueError, match=r"\['mode'\] are reserved by torch.compile"):
+    with pytest.raises(ValueError, match=r"\[.mode.\] are reserved \(by torch.compile"):
         family.op("test_op_reserved", args={"x": Tensor(4), "mode": Scalar(int)}, reference=print)
     with pytest.raises(ValueError, match="the first argument must be a tensor"):
         family.op("test_op_scalar_first", args={"n": Scalar(int), "x": Tensor(4)}, reference=print)
@@ -257,3 +259,49 @@ def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(m
             op(x, torch.empty(5), 1.0, 1)  # tvm-ffi would pass 1 as True
     assert built == [{"dtype": torch.float32}]
     assert ran == [(5,), (7,)]
+
+
+def test_generated_eager_path_keeps_every_check():
+    """Ops with a CUDA kernel get a generated __call__ (parameters spelled out); a tensor that says
+    it is on CUDA takes it without a GPU. Whatever it cannot decide falls back to the checked path."""
+
+    class OnCuda(torch.Tensor):
+        is_cuda = True
+
+    ran = []
+    fam = Family("test_op_fast", __file__)
+
+    def tvm_function(input, out, factor, exact):
+        if not isinstance(factor, float):
+            raise TypeError("Mismatched type on argument #2")
+        ran.append((type(input).__name__, factor, exact))
+
+    op = fam.op(
+        "test_op_fast_copy",
+        args={
+            "input": Tensor("n"),
+            "out": Tensor("n", dtype="input", io="out"),
+            "factor": Scalar(float),
+            "exact": Scalar(bool),
+        },
+        reference=lambda *a: None,
+        cuda=Cuda("k.cuh", "K::run", key=lambda input, *_: (input.dtype,), params=("dtype",)),
+    )
+    fam.cuda_module = lambda module, key: type("M", (), {op.name: staticmethod(tvm_function)})
+    assert type(op).__name__ == "Op_test_op_fast_copy" and isinstance(op, sgljit.op.Op)
+    assert str(op.signature) == str(inspect.signature(op))
+    x, out = torch.randn(3).as_subclass(OnCuda), torch.empty(3).as_subclass(OnCuda)
+    with torch.no_grad():
+        op(x, out, 1.0, True)  # a miss: the checked path builds, then memoizes
+        op(x, out, exact=False, factor=2.0)  # a hit, keywords bound by Python itself
+        with pytest.raises(TypeError, match=r"^factor: expected float, got str"):
+            op(x, out, "1", True)
+        with pytest.raises(TypeError, match=r"^exact: expected bool, got int"):
+            op(x, out, 1.0, 1)
+        with pytest.raises(TypeError, match=r"^input: expected a torch.Tensor, got list"):
+            op([1.0], out, 1.0, True)
+    with pytest.raises(RuntimeError, match=r"^input: requires grad"):
+        op(torch.randn(3, requires_grad=True).as_subclass(OnCuda), out, 1.0, True)
+    assert ran == [("OnCuda", 1.0, True), ("OnCuda", 2.0, False)]
+    with pytest.raises(ValueError, match=r"_sgljit_x"):
+        fam.op("test_op_fast_bad", args={"_sgljit_x": Tensor(4)}, reference=print)

@@ -180,9 +180,11 @@ class Op:
         doc: str | None = None,
     ):
         reserved = RESERVED_PARAMETERS & set(args)
+        reserved |= {n for n in args if n.startswith("_sgljit_") or not n.isidentifier()}
         if reserved:
             raise ValueError(
-                f"op {name!r}: parameter name(s) {sorted(reserved)} are reserved by torch.compile; rename them"
+                f"op {name!r}: parameter name(s) {sorted(reserved)} are reserved (by torch.compile, "
+                "or not plain names for the generated eager path); rename them"
             )
         tensors = [n for n, a in args.items() if isinstance(a, Tensor)]
         if not tensors or next(iter(args)) != tensors[0]:
@@ -235,11 +237,13 @@ class Op:
             dispatch
         )
         self.custom_op.register_fake(lambda *a, **kw: None)
+        self.__class__ = _specialize(self)
 
     def __repr__(self) -> str:
         return f"<sgljit op {self.family.name}.{self.name}{self.signature}>"
 
     def __call__(self, *args, **kwargs) -> None:
+        # Ops with a CUDA kernel get a generated __call__ instead (see _specialize).
         if kwargs or len(args) != self._arity:
             args = self._positional(args, kwargs)
         if _is_compiling():
@@ -393,6 +397,67 @@ class Op:
         call = ", ".join(self.params)
         body = "\n".join(lines)
         return f"inline void {function}({', '.join(params)}) {{\n{body}\n  {target}({call});\n}}\n"
+
+
+# The eager CUDA path of an op, generated per op with its parameters spelled out (as dataclasses
+# generates __init__): no argument tuples, loops or signature binding on the hot path. Anything
+# unusual (not CUDA, a forced backend, grad, a bool that is not one, a new key, an argument the key
+# cannot read) falls back to Op._run, which does the same with every check and names the argument.
+_EAGER_TEMPLATE = """
+def __call__(self, {params}):
+    if _sgljit_is_compiling():
+        return _sgljit_custom_op({params})
+    try:
+        if {first}.is_cuda and _sgljit_forced() in _SGLJIT_CUDA and not (
+            _sgljit_grad_enabled() and ({grad})
+        ){bools}:
+            _sgljit_fn = _sgljit_fns[_sgljit_key({params})]
+        else:
+            _sgljit_fn = None
+    except Exception:
+        _sgljit_fn = None
+    if _sgljit_fn is None:
+        return _sgljit_run(({params},))
+    try:
+        return _sgljit_fn({params})
+    except TypeError as _sgljit_err:  # tvm-ffi names the argument by position only
+        raise _sgljit_name_type_error(_sgljit_err, ({params},)) from None
+"""
+
+
+def _specialize(op: Op) -> type:
+    """A subclass of :class:`Op` whose ``__call__`` is ``op``'s generated eager path; :class:`Op`
+    itself for ops without a CUDA kernel."""
+    if op.cuda is None:
+        return Op
+    tensors = [name for _, name in op._tensor_index]
+    source = _EAGER_TEMPLATE.format(
+        params=", ".join(op.params),
+        first=op.params[0],
+        grad=" or ".join(f"{t}.requires_grad" for t in tensors),
+        bools="".join(f" and ({b} is True or {b} is False)" for _, b in op._bools),
+    )
+    scope = {  # prefixed: an op's parameters cannot shadow them
+        "_sgljit_is_compiling": _is_compiling,
+        "_sgljit_custom_op": op.custom_op,
+        "_sgljit_forced": _backend._forced.get,
+        "_SGLJIT_CUDA": (None, "cuda"),  # not forced, or forced to what CUDA tensors get anyway
+        "_sgljit_grad_enabled": torch.is_grad_enabled,
+        "_sgljit_fns": op._cuda_fns,
+        "_sgljit_key": op.cuda.key,
+        "_sgljit_run": op._run,
+        "_sgljit_name_type_error": op._name_type_error,
+    }
+    exec(compile(source, f"<sgljit op {op.name}>", "exec"), scope)
+    call = scope["__call__"]
+    call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *op.signature.parameters.values(),
+        ],
+        return_annotation=None,
+    )
+    return type(f"Op_{op.name}", (Op,), {"__call__": call, "__doc__": Op.__doc__})
 
 
 def _annotation(spec: Tensor | Scalar) -> Any:

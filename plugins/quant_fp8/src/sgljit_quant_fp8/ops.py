@@ -332,13 +332,15 @@ def per_token_quant_fp8(
     input: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
     fp8_dtype: torch.dtype = torch.float8_e4m3fn,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize each row of ``input`` ``[T, H]`` (fp16/bf16/fp32; rows may be strided, the last
     dimension contiguous) with its own dynamic scale ``max(absmax(row) / fp8_max, 2^-126)``.
 
-    Returns ``(out [T, H] fp8_dtype, scales [T, 1] fp32)``; ``out`` may be given (fp8, ``[T, H]``,
-    last dimension contiguous).
+    Returns ``(out [T, H] fp8_dtype, scales [T, 1] fp32)``; either may be given (``out``: fp8,
+    ``[T, H]``, last dimension contiguous; ``scales``: float32 ``[T, 1]``, contiguous) — serving
+    loops that reuse buffers skip two allocations per call.
     """
     _check_fp8_dtype(fp8_dtype)
     if not isinstance(input, torch.Tensor) or input.dim() != 2:
@@ -349,6 +351,7 @@ def per_token_quant_fp8(
         out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
     else:
         _check_out_dtype(out, fp8_dtype)
-    scales = torch.empty((input.shape[0], 1), dtype=torch.float32, device=input.device)
+    if scales is None:
+        scales = torch.empty((input.shape[0], 1), dtype=torch.float32, device=input.device)
     _per_token(input, out, scales)
     return out, scales

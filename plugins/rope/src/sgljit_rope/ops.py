@@ -42,15 +42,15 @@ _FLEET_HEADS = ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64))
 
 
 def _pick_vec(tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: int) -> int:
-    """The vector width (elements) of a specialization: the widest power of two, up to 16 bytes,
+    """The vector width (elements) of a SYCL specialization (CUDA modules choose theirs in C++):
+    the widest power of two, up to 16 bytes,
     that divides ``rotary_dim // 2``, ``head_dim``, every [T, H, D] tensor's data pointer (in
     elements) and its strides of T and H (where that size is > 1); cos/sin (fp32) are read
     ``min(vec, 4)`` at a time, so that many floats must divide the cache's pointer and (if it has
     rows > 1) its row stride.
 
-    This runs on every eager CUDA call: pointers and strides are combined as bits in one pass, and
-    only when that finds less than 16 bytes are the sizes read (a stride of a size-1 dimension
-    does not count).
+    Pointers and strides are combined as bits in one pass; only when that finds less than 16 bytes
+    are the sizes read (a stride of a size-1 dimension does not count).
     """
     size = tensors[0].element_size()
     counts = (rotary_dim >> 1) | head_dim
@@ -97,23 +97,25 @@ def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tu
 # run() checks it (the module does not depend on head_dim); the KV key, whose module does, here.
 
 
-_ROPE_PARAMS = ("dtype", "idx_dtype", "rotary_dim", "is_neox", "vec")
-_KV_PARAMS = ("dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_neox", "vec")
+_ROPE_PARAMS = ("dtype", "idx_dtype", "rotary_dim", "is_neox")
+_KV_PARAMS = ("dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_neox")
 
 
 def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
-    max_pos, rot = cos_sin_cache.shape
-    if rot <= 0 or rot % 2 or not max_pos:
+    """The module's template parameters; the vector width is chosen in C++ per call (pointers
+    and strides: reading them here cost more than the rest of an eager call's Python)."""
+    rot = cos_sin_cache.shape[1]
+    if rot <= 0 or rot % 2 or not cos_sin_cache.shape[0]:
         _cache_shape(cos_sin_cache)
-    vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot)
-    return q.dtype, positions.dtype, rot, is_neox, vec
+    return q.dtype, positions.dtype, rot, is_neox
 
 
 def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> tuple:
     head_dim = q.shape[2]
-    max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
-    vec = _pick_vec((q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim)
-    return q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox, vec
+    rot = cos_sin_cache.shape[1]
+    if rot <= 0 or rot % 2 or not cos_sin_cache.shape[0] or rot > head_dim:
+        _cache_shape(cos_sin_cache, head_dim)
+    return q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox
 
 
 def _fleet_key(key, dtype, head_dim: int, rot: int, is_neox: bool) -> dict:
@@ -325,7 +327,7 @@ _apply_rope = family.op(
     doc=reference.apply_rope_into.__doc__,
     cuda=Cuda(
         "csrc/rope.cuh",
-        "sgljit_rope::RopeKernel<{dtype}, {idx_dtype}, {rotary_dim}, {is_neox}, {vec}>::run",
+        "sgljit_rope::RopeKernel<{dtype}, {idx_dtype}, {rotary_dim}, {is_neox}>::run",
         key=_rope_key,
         params=_ROPE_PARAMS,
     ),
@@ -359,7 +361,7 @@ _apply_rope_with_kv_cache = family.op(
     cuda=Cuda(
         "csrc/rope.cuh",
         "sgljit_rope::RopeKVKernel<{dtype}, {idx_dtype}, {loc_dtype}, {head_dim}, {rotary_dim}, "
-        "{is_neox}, {vec}>::run",
+        "{is_neox}>::run",
         key=_kv_key,
         params=_KV_PARAMS,
     ),

@@ -21,7 +21,10 @@
 // (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
 // shapes (one token) are a launch plus two dependent memory round trips (position, then cos/sin),
 // and PDL hides the launch behind the previous kernel's tail; apply_rope's first blocks also
-// prefetch their heads and position into L2 before waiting (RopeKernel::launch says which).
+// prefetch their heads and position into L2 before waiting (RopeLaunch::launch says which).
+//
+// Vectors: the entry points (RopeKernel, RopeKVKernel) run 16-byte vectors where every pointer and
+// stride allows them and 1-element vectors otherwise, chosen per call on the host.
 //
 // Out-of-range indices never touch memory out of bounds: a position outside [0, max_pos) leaves
 // the token unrotated; an out_loc outside [0, num_slots) skips the token's cache store.
@@ -36,6 +39,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 namespace sgljit_rope {
@@ -481,36 +485,47 @@ inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot, int64_t h
   RuntimeCheck(rot <= head_dim, "cos_sin_cache: its width ", rot, " (rotary_dim) exceeds head_dim ", head_dim);
 }
 
-inline void check_aligned(const TensorView& t, int vec_bytes, const char* name) {
-  RuntimeCheck(reinterpret_cast<uintptr_t>(t.data_ptr()) % vec_bytes == 0, name, ": data pointer must be aligned to ",
-               vec_bytes, " bytes for this specialization");
+// The vector width (elements) a module is compiled for: 16 bytes, halved until it divides every
+// extent in kExtents (ROT / 2, and the head size where whole heads are copied).
+template <typename T, int... kExtents>
+constexpr int widest_vec() {
+  int vec = 16 / static_cast<int>(sizeof(T));
+  while (vec > 1 && ((kExtents % vec != 0) || ...)) vec /= 2;
+  return vec;
 }
 
-inline void check_stride(int64_t stride, int64_t size, int vec, const char* name, const char* what) {
-  RuntimeCheck(size <= 1 || stride % vec == 0, name, ": ", what, " (", stride, ") must be a multiple of ", vec,
-               " for this specialization");
+// Whether `vec`-element vectors fit every [T, H, D] tensor of `heads` (data pointer, and the strides
+// of its first two dimensions where their size is > 1) and min(vec, 4)-float ones the fp32
+// cos_sin_cache (pointer, row stride). The entry points run kVec where they fit, else 1-element
+// vectors: views at odd offsets are rare, and two specializations keep compile time down.
+template <typename T>
+inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads, const TensorView& cache) {
+  for (const TensorView* t : heads) {
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % (vec * sizeof(T)) != 0) return false;
+    for (int d = 0; d < 2; ++d) {
+      if (t->size(d) > 1 && t->stride(d) % vec != 0) return false;
+    }
+  }
+  const int cos_vec = vec < 4 ? vec : 4;
+  if (reinterpret_cast<uintptr_t>(cache.data_ptr()) % (cos_vec * 4) != 0) return false;
+  return cache.size(0) <= 1 || cache.stride(0) % cos_vec == 0;
 }
+
+// apply_rope's entry point: the module's checks, then kVec-element vectors where they fit.
+template <typename T, typename IdxT, int ROT, bool NEOX>
+struct RopeKernel {
+  static constexpr int kVec = widest_vec<T, ROT / 2>();
+
+  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox);
+};
 
 template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
-struct RopeKernel {
+struct RopeLaunch {
   using G = Geometry<ROT, VEC>;
   using C = RopeConfig<ROT, VEC>;
 
-  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox) {
-    check_dtype<T>(q, "q");
-    check_dtype<IdxT>(positions, "positions");
-    check_style(is_neox, NEOX);
-    check_rotary(cos_sin_cache, ROT, q.size(2));
+  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions) {
     const int64_t n = q.size(0);
-    check_aligned(q, VEC * sizeof(T), "q");
-    check_aligned(k, VEC * sizeof(T), "k");
-    check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
-    check_stride(q.stride(0), n, VEC, "q", "token stride");
-    check_stride(q.stride(1), q.size(1), VEC, "q", "head stride");
-    check_stride(k.stride(0), n, VEC, "k", "token stride");
-    check_stride(k.stride(1), k.size(1), VEC, "k", "head stride");
-    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), G::kCosVec, "cos_sin_cache", "row stride");
-
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(q.size(1));
     p.k_heads = static_cast<int32_t>(k.size(1));
@@ -569,40 +584,29 @@ struct RopeKernel {
   }
 };
 
+template <typename T, typename IdxT, int ROT, bool NEOX>
+void RopeKernel<T, IdxT, ROT, NEOX>::run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions,
+                                          bool is_neox) {
+  check_dtype<T>(q, "q");
+  check_dtype<IdxT>(positions, "positions");
+  check_style(is_neox, NEOX);
+  check_rotary(cos_sin_cache, ROT, q.size(2));
+  if (vectors_fit<T>(kVec, {&q, &k}, cos_sin_cache)) {
+    RopeLaunch<T, IdxT, ROT, NEOX, kVec>::run(q, k, cos_sin_cache, positions);
+  } else {
+    RopeLaunch<T, IdxT, ROT, NEOX, 1>::run(q, k, cos_sin_cache, positions);
+  }
+}
+
 template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
-struct RopeKVKernel {
+struct RopeKVLaunch {
   using G = Geometry<ROT, VEC>;
   using C = RopeKVConfig<ROT, VEC>;
   static_assert(HEAD_DIM % VEC == 0 && ROT <= HEAD_DIM, "bad head_dim for this specialization");
 
   static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
-                  TensorView cos_sin_cache, TensorView positions, TensorView out_loc, bool is_neox) {
-    check_dtype<T>(q, "q");
-    check_dtype<IdxT>(positions, "positions");
-    check_dtype<LocT>(out_loc, "out_loc");
-    check_style(is_neox, NEOX);
-    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
-    check_rotary(cos_sin_cache, ROT, HEAD_DIM);
+                  TensorView cos_sin_cache, TensorView positions, TensorView out_loc) {
     const int64_t n = q.size(0), hq = q.size(1), hk = k.size(1), slots = k_cache.size(0);
-    const int vb = VEC * sizeof(T);
-    check_aligned(q, vb, "q");
-    check_aligned(k, vb, "k");
-    check_aligned(v, vb, "v");
-    check_aligned(k_cache, vb, "k_cache");
-    check_aligned(v_cache, vb, "v_cache");
-    check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
-    check_stride(q.stride(0), n, VEC, "q", "token stride");
-    check_stride(q.stride(1), hq, VEC, "q", "head stride");
-    check_stride(k.stride(0), n, VEC, "k", "token stride");
-    check_stride(k.stride(1), hk, VEC, "k", "head stride");
-    check_stride(v.stride(0), n, VEC, "v", "token stride");
-    check_stride(v.stride(1), hk, VEC, "v", "head stride");
-    check_stride(k_cache.stride(0), slots, VEC, "k_cache", "slot stride");
-    check_stride(k_cache.stride(1), hk, VEC, "k_cache", "head stride");
-    check_stride(v_cache.stride(0), slots, VEC, "v_cache", "slot stride");
-    check_stride(v_cache.stride(1), hk, VEC, "v_cache", "head stride");
-    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), G::kCosVec, "cos_sin_cache", "row stride");
-
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(hq);
     p.k_heads = static_cast<int32_t>(hk);
@@ -632,6 +636,31 @@ struct RopeKVKernel {
         static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
         static_cast<const float*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
         static_cast<const LocT*>(out_loc.data_ptr()), p);
+  }
+};
+
+// apply_rope_with_kv_cache's entry point: the module's checks, then kVec-element vectors where they
+// fit every tensor.
+template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX>
+struct RopeKVKernel {
+  static_assert(ROT <= HEAD_DIM, "bad head_dim for this specialization");
+  static constexpr int kVec = widest_vec<T, ROT / 2, HEAD_DIM>();
+
+  static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
+                  TensorView cos_sin_cache, TensorView positions, TensorView out_loc, bool is_neox) {
+    check_dtype<T>(q, "q");
+    check_dtype<IdxT>(positions, "positions");
+    check_dtype<LocT>(out_loc, "out_loc");
+    check_style(is_neox, NEOX);
+    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
+    check_rotary(cos_sin_cache, ROT, HEAD_DIM);
+    if (vectors_fit<T>(kVec, {&q, &k, &v, &k_cache, &v_cache}, cos_sin_cache)) {
+      RopeKVLaunch<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, kVec>::run(q, k, v, k_cache, v_cache, cos_sin_cache, positions,
+                                                                  out_loc);
+    } else {
+      RopeKVLaunch<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, 1>::run(q, k, v, k_cache, v_cache, cos_sin_cache, positions,
+                                                               out_loc);
+    }
   }
 };
 
