@@ -765,21 +765,102 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
     ]
 
 
-def _eager_time(make_fn, inputs, calls: int, sync) -> tuple[float | None, str]:
-    """(µs per call, "") or (None, "missing: …" / "failed: …"): the same method as the host rows,
-    after one call (and sync) that compiles or loads the kernel."""
+def _eager_times(contestants, calls: int, sync) -> list[tuple[float | None, str]]:
+    """Per contestant ``(make_fn, inputs, context)``: (µs per call, "") or (None, "missing: …" /
+    "failed: …"). Each is called once (and synced) first, which compiles or loads its kernel; then
+    the contestants take turns, 7 rounds of ``calls`` back-to-back calls each, and each keeps its
+    best round: interleaved, so a slow stretch of the host or a clock ramp hits every side alike
+    (timed one after another, two rows running the same code differed by 20 %)."""
+    fns: list = []
+    results: list = []
+    for make_fn, inputs, context in contestants:
+        try:
+            fn = make_fn()
+        except _Unavailable as e:
+            fns.append(None)
+            results.append((None, str(e)))
+            continue
+        except Exception as e:
+            fns.append(None)
+            results.append((None, "missing: " + _short(e)))
+            continue
+        try:
+            with context():
+                for _ in range(max(10, calls // 10)):
+                    fn(inputs)
+                sync()
+            fns.append((lambda fn=fn, inputs=inputs: fn(inputs), context))
+            results.append((float("inf"), ""))
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                sync()
+            fns.append(None)
+            results.append((None, "failed: " + _short(e)))
+    for _ in range(7):
+        for i, entry in enumerate(fns):
+            if entry is None:
+                continue
+            call, context = entry
+            with context():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                sync()
+                us = (time.perf_counter() - t0) / calls * 1e6
+            results[i] = (min(results[i][0], us), "")
+    return results
+
+
+def _call_parts(make_fn, inputs, calls: int, sync) -> tuple[str, str]:
+    """Where one sgljit row's host time goes, as two cells: its Python path alone (every op's
+    memoized module function replaced by a no-op) and its module functions alone (called directly
+    with the arguments the Python path gave them: tvm-ffi, the generated C++ checks, the launch)."""
+    from sgljit.testing import families
+
+    ops = [op for family in families() for op in family.ops.values()]
+    saved = {op: dict(op._cuda_fns) for op in ops}
+    recorded: list = []
+
+    def recording(fn):
+        return lambda *args: recorded.append((fn, args)) or fn(*args)
+
     try:
         fn = make_fn()
-    except Exception as e:
-        return None, "missing: " + _short(e)
-    try:
+        for op in ops:
+            op._cuda_fns.update({k: recording(f) for k, f in saved[op].items()})
         fn(inputs)
         sync()
-        return per_call_us(lambda: fn(inputs), calls, sync), ""
+        for op in ops:
+            op._cuda_fns.update(dict.fromkeys(saved[op], lambda *args: None))
+        python_us = per_call_us(lambda: fn(inputs), calls)
     except Exception as e:
-        with contextlib.suppress(Exception):
-            sync()
-        return None, "failed: " + _short(e)
+        return "failed: " + _short(e), ""
+    finally:
+        for op in ops:
+            op._cuda_fns.update(saved[op])
+    if not recorded:
+        return f"{python_us:.2f}", "no module call"
+
+    def modules():
+        for f, args in recorded:
+            f(*args)
+
+    return f"{python_us:.2f}", f"{per_call_us(modules, calls, sync):.2f}"
+
+
+class _Unavailable(Exception):
+    """A contestant that has no time, with the cell text saying why."""
+
+
+def _raiser(why, kind: str = "missing"):
+    """A make_fn that fails with ``why`` (an exception or a text) as its table cell."""
+    text = why if isinstance(why, str) else _short(why)
+    cell = f"{kind}: {text}" if kind else text
+
+    def make_fn():
+        raise _Unavailable(cell)
+
+    return make_fn
 
 
 def _short(e: BaseException, limit: int = 150) -> str:
@@ -825,47 +906,52 @@ def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
         f"(benchmarks/sglang_provider.py); target: ≤ {TARGET_EAGER_US:g} µs per call, and never "
         "slower than sglang's",
         f"- best of 7 rounds of {calls} back-to-back eager calls, wall time per call (launches "
-        "included, synchronized at the end of a round); bf16 unless said; both sides are called "
-        "as fn(inputs) on their own copy of the inputs",
+        "included, synchronized at the end of a round), the three columns' rounds taking turns; "
+        "bf16 unless said; both sides are called as fn(inputs) on their own copy of the inputs",
+        "",
+        "- Python path / module functions: the sgljit call's two parts timed apart (no-op module "
+        "functions; the module functions called directly with the arguments the call gave them)",
         "",
         "| op (one token) | sgljit µs | sgljit µs, inference_mode | sglang-jit µs | sgljit ÷ sglang "
-        "| verdict | note |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| verdict | Python path µs | module functions µs | note |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     failed = []
     available = set(dir(sgljit.ops))
     for spec in _eager_specs(dev):
         op = spec["op"]
         name = op.split()[0]
+        contestants = []
         try:
             if name not in available:
-                ours, why = None, "missing: op not installed"
-                served, served_why = None, why
-            else:
-                ours, why = _eager_time(
-                    lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), calls, sync
+                raise LookupError("op not installed")
+            for context in (contextlib.nullcontext, torch.inference_mode):
+                contestants.append(
+                    (lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), context)
                 )
-                with torch.inference_mode():  # how serving engines run a model's forward
-                    served, served_why = _eager_time(
-                        lambda spec=spec: spec["sgljit"](sgljit.ops), spec["inputs"](), calls, sync
-                    )
+        except LookupError as e:
+            contestants = [(_raiser(e), None, contextlib.nullcontext)] * 2
         except Exception as e:  # making the inputs
-            ours, why = None, "failed: " + _short(e)
-            served, served_why = None, why
+            contestants = [(_raiser(e, "failed"), None, contextlib.nullcontext)] * 2
         if "sglang_na" in spec:
-            theirs, their_why = None, spec["sglang_na"]
+            contestants.append((_raiser(spec["sglang_na"], ""), None, contextlib.nullcontext))
         else:
             try:
                 inputs = spec["inputs"]()
                 prepare = spec.get("sglang_prepare")
-                theirs, their_why = _eager_time(
-                    spec["sglang"], prepare(inputs) if prepare else inputs, calls, sync
-                )
+                inputs = prepare(inputs) if prepare else inputs
+                contestants.append((spec["sglang"], inputs, contextlib.nullcontext))
             except Exception as e:
-                theirs, their_why = None, "failed: " + _short(e)
+                contestants.append((_raiser(e, "failed"), None, contextlib.nullcontext))
+        (ours, why), (served, served_why), (theirs, their_why) = _eager_times(
+            contestants, calls, sync
+        )
         if ours is None:
             failed.append(f"eager: {op}")
         ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else ""
+        python_path, module_fns = "", ""
+        if ours is not None and dev == "cuda":
+            python_path, module_fns = _call_parts(*contestants[0][:2], calls, sync)
         cells = [
             op,
             f"{ours:.2f}" if ours is not None else why,
@@ -873,6 +959,8 @@ def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
             f"{theirs:.2f}" if theirs is not None else their_why,
             ratio,
             eager_verdict(ours, theirs),
+            python_path,
+            module_fns,
             spec.get("note", ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -546,7 +546,11 @@ def as_rows(t: Any, name: str, written: bool = False) -> Any:
     >>> as_rows(torch.zeros(2, 3, 4), "x").shape
     torch.Size([6, 4])
     """
-    if not isinstance(t, torch.Tensor) or t.dim() == 2 or t.dim() == 0:
+    try:
+        rank = t.dim()
+    except AttributeError:
+        return t
+    if rank == 2 or rank == 0 or not isinstance(t, torch.Tensor):
         return t
     if not written:
         return t.reshape(-1, t.shape[-1])

@@ -77,19 +77,26 @@ def _pick_vec(tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: i
 
 def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tuple[int, int]:
     """(max_pos, rotary_dim) of cos_sin_cache, whose width must be even, positive and at most
-    ``head_dim`` (when given), and which must have rows: checked before a key asks for a module (an
-    odd width fails to compile), and on the backends whose kernels would read past a head (SYCL)
-    or fail unnamed (reference)."""
+    ``head_dim`` (when given), and which must have rows: checked before a module is built (an odd
+    width fails to compile), and on the backends whose kernels would read past a head (SYCL) or
+    fail unnamed (reference). CUDA modules check the rows themselves."""
     max_pos, rot = cos_sin_cache.shape
-    if rot <= 0 or rot % 2 or max_pos == 0 or (head_dim is not None and rot > head_dim):
-        if max_pos == 0:
-            problem = "has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)"
-        elif rot <= 0 or rot % 2:
-            problem = f"its width {rot} (rotary_dim) must be a positive even number"
-        else:
-            problem = f"its width {rot} (rotary_dim) exceeds head_dim {head_dim}"
-        raise ValueError(f"cos_sin_cache: {problem}")
+    if max_pos == 0:
+        raise ValueError(
+            "cos_sin_cache: has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)"
+        )
+    _check_width(rot, head_dim)
     return max_pos, rot
+
+
+def _check_width(rot: int, head_dim: int | None = None) -> None:
+    if rot <= 0 or rot % 2:
+        problem = f"its width {rot} (rotary_dim) must be a positive even number"
+    elif head_dim is not None and rot > head_dim:
+        problem = f"its width {rot} (rotary_dim) exceeds head_dim {head_dim}"
+    else:
+        return
+    raise ValueError(f"cos_sin_cache: {problem}")
 
 
 # The CUDA keys (template parameters; the values' order names the module: prebuild entries are
@@ -102,20 +109,25 @@ _KV_PARAMS = ("dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_n
 
 
 def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
-    """The module's template parameters; the vector width is chosen in C++ per call (pointers
-    and strides: reading them here cost more than the rest of an eager call's Python)."""
-    rot = cos_sin_cache.shape[1]
-    if rot <= 0 or rot % 2 or not cos_sin_cache.shape[0]:
-        _cache_shape(cos_sin_cache)
-    return q.dtype, positions.dtype, rot, is_neox
+    """The module's template parameters, read as cheaply as possible (every eager call): the
+    width is checked once per new key (_rope_params), the rows and the vector width (pointers,
+    strides) by the module per call."""
+    return q.dtype, positions.dtype, cos_sin_cache.shape[1], is_neox
+
+
+def _rope_params(dtype, idx_dtype, rotary_dim: int, is_neox: bool) -> dict:
+    _check_width(rotary_dim)
+    return dict(zip(_ROPE_PARAMS, (dtype, idx_dtype, rotary_dim, is_neox), strict=True))
 
 
 def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> tuple:
-    head_dim = q.shape[2]
-    rot = cos_sin_cache.shape[1]
-    if rot <= 0 or rot % 2 or not cos_sin_cache.shape[0] or rot > head_dim:
-        _cache_shape(cos_sin_cache, head_dim)
-    return q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox
+    return q.dtype, positions.dtype, out_loc.dtype, q.shape[2], cos_sin_cache.shape[1], is_neox
+
+
+def _kv_params(dtype, idx_dtype, loc_dtype, head_dim: int, rotary_dim: int, is_neox: bool) -> dict:
+    _check_width(rotary_dim, head_dim)
+    key = (dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox)
+    return dict(zip(_KV_PARAMS, key, strict=True))
 
 
 def _fleet_key(key, dtype, head_dim: int, rot: int, is_neox: bool) -> dict:
@@ -329,7 +341,7 @@ _apply_rope = family.op(
         "csrc/rope.cuh",
         "sgljit_rope::RopeKernel<{dtype}, {idx_dtype}, {rotary_dim}, {is_neox}>::run",
         key=_rope_key,
-        params=_ROPE_PARAMS,
+        params=_rope_params,
     ),
     sycl=Sycl("sycl/rope.hpp", key=_sycl_rope_key, launch=_launch_rope, module="rope"),
     prebuild={
@@ -363,7 +375,7 @@ _apply_rope_with_kv_cache = family.op(
         "sgljit_rope::RopeKVKernel<{dtype}, {idx_dtype}, {loc_dtype}, {head_dim}, {rotary_dim}, "
         "{is_neox}>::run",
         key=_kv_key,
-        params=_KV_PARAMS,
+        params=_kv_params,
     ),
     sycl=Sycl("sycl/rope.hpp", key=_sycl_kv_key, launch=_launch_kv, module="rope"),
     prebuild={

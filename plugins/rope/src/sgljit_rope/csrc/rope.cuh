@@ -480,6 +480,7 @@ inline void check_style(bool is_neox, bool compiled) {
 }
 
 inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot, int64_t head_dim) {
+  RuntimeCheck(cos_sin_cache.size(0) > 0, "cos_sin_cache: has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)");
   RuntimeCheck(cos_sin_cache.size(1) == rot, "cos_sin_cache: this module was compiled for rotary_dim ", rot,
                ", got a cache of width ", cos_sin_cache.size(1));
   RuntimeCheck(rot <= head_dim, "cos_sin_cache: its width ", rot, " (rotary_dim) exceeds head_dim ", head_dim);
