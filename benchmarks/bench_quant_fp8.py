@@ -1,4 +1,5 @@
-"""FP8 quantization: per-tensor dynamic, per-tensor static, per-token (bf16 -> float8_e4m3fn).
+"""FP8 quantization: per-tensor dynamic, per-tensor static, per-token, per-token-group (bf16 ->
+float8_e4m3fn).
 
     python3 benchmarks/bench_quant_fp8.py              # on a CUDA GPU
     python3 benchmarks/bench_quant_fp8.py --dry-run    # wiring check on the CPU
@@ -8,6 +9,11 @@ Providers: sgljit, torch eager and torch.compile of the same PyTorch formula
 and sglang's jit_kernel ("sglang-jit", benchmarks/sglang_provider.py): its dynamic per-tensor time
 includes zeroing the scale buffer first (its absmax is an atomic max into it), its per-token time is
 per-token-group quantization with one group per row.
+Per-token-group (group 128, scales row-major, and column-major as DeepSeek-style GEMMs take them:
+strides (1, T rounded up to 4)): sgljit, torch eager and torch.compile of the same formula (scale
+``max(absmax(group) / 448, eps)``; the column-major result is transposed by ``.t().contiguous()``),
+and sglang-jit's ``per_token_group_quant_8bit`` writing the same scales tensor (its scale is
+``max(absmax, eps) / 448``: the same for these inputs).
 Bytes: input read once, fp8 output and scale(s) written once. The dynamic per-tensor op must read
 the input twice in general (absmax, then quantize); that second read is *not* counted, so its GB/s
 is against one read (sgljit keeps up to ~29 MB of it on chip: shared memory + L2).
@@ -47,6 +53,41 @@ def make_case(tokens: int, hidden: int, dtype: torch.dtype, kind: str) -> Case:
     )
 
 
+GROUP_TOKENS = (1, 128, 1024, 4096, 16384, 65536)
+GROUP_HIDDEN = (4096, 7168)
+GROUP_SIZE = 128
+GROUP_EPS = 1e-10  # sglang's default
+
+
+def group_scales(tokens: int, groups: int, device, column_major: bool) -> torch.Tensor:
+    """fp32 [T, G]: row-major, or column-major with the token stride rounded up to 4 floats."""
+    if column_major:
+        aligned = -(-tokens // 4) * 4
+        return torch.empty(groups, aligned, dtype=torch.float32, device=device).t()[:tokens]
+    return torch.empty(tokens, groups, dtype=torch.float32, device=device)
+
+
+def make_group_case(tokens: int, hidden: int, column_major: bool) -> Case:
+    groups = hidden // GROUP_SIZE
+
+    def make_inputs(device):
+        x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=device)
+        return {
+            "x": x,
+            "out": torch.empty(tokens, hidden, dtype=FP8, device=device),
+            "scales": group_scales(tokens, groups, device, column_major),
+            "column_major": column_major,
+        }
+
+    return Case(
+        label=f"T={tokens}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=lambda i: nbytes(i["x"], i["out"]) + 4 * tokens * groups,
+        series=f"H={hidden} bfloat16 -> e4m3, g{GROUP_SIZE}",
+    )
+
+
 def _div(a, b):
     return a / torch.full_like(a, b)
 
@@ -65,6 +106,16 @@ def torch_per_token(i):
     x = i["x"]
     scales = _div(x.abs().amax(dim=-1, keepdim=True).float(), FP8_MAX).clamp_min(MIN_SCALE)
     return (x.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8), scales
+
+
+def torch_per_token_group(i):
+    x = i["x"]
+    tokens, hidden = x.shape
+    g = x.view(tokens, hidden // GROUP_SIZE, GROUP_SIZE)
+    amax = g.abs().amax(dim=-1).float()
+    scales = torch.maximum(_div(amax, FP8_MAX), torch.full_like(amax, GROUP_EPS))
+    out = (g.float() / scales.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(tokens, hidden)
+    return out, scales.t().contiguous().t() if i["column_major"] else scales
 
 
 def load_dynamic():
@@ -88,9 +139,36 @@ def load_per_token():
     return lambda i: f(i["x"], out=i["out"])
 
 
+def load_per_token_group():
+    import sgljit
+
+    f = sgljit.ops.per_token_group_quant_fp8
+
+    def fn(i):
+        return f(
+            i["x"],
+            GROUP_SIZE,
+            eps=GROUP_EPS,
+            column_major_scales=i["column_major"],
+            out=i["out"],
+            scales=i["scales"],
+        )
+
+    return fn
+
+
 def ops() -> list[Op]:
     def cases(kind):
         return [make_case(t, HIDDEN, torch.bfloat16, kind) for t in TOKENS]
+
+    def group_cases(column_major):
+        return [make_group_case(t, h, column_major) for h in GROUP_HIDDEN for t in GROUP_TOKENS]
+
+    def group_providers():
+        return [
+            *standard_providers(load_per_token_group, torch_per_token_group),
+            sglang_jit.provider(lambda: sglang_jit.load_per_token_group_quant_fp8(GROUP_EPS)),
+        ]
 
     return [
         Op(
@@ -121,6 +199,8 @@ def ops() -> list[Op]:
                 ),
             ],
         ),
+        Op("per_token_group", group_cases(False), group_providers()),
+        Op("per_token_group_col_major", group_cases(True), group_providers()),
     ]
 
 

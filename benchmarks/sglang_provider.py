@@ -29,6 +29,9 @@ per_tensor_quant_fp8       per_tensor_quant_fp8.per_tensor_quant_fp8(input, outp
                            is_static) -> None; dynamic: output_s must be zeroed first
 per_token_quant_fp8        per_token_group_quant_8bit.per_token_group_quant_8bit(input, output_q,
                            output_s, group_size=H, eps, fp8_min, fp8_max)
+per_token_group_quant_fp8  per_token_group_quant_8bit.per_token_group_quant_8bit(input, output_q,
+                           output_s, group_size, eps, fp8_min, fp8_max); output_s row- or
+                           column-major (picked from its strides)
 timestep_embedding         timestep_embedding.timestep_embedding(t, dim, flip_sin_to_cos,
                            downscale_freq_shift, scale, max_period) -> new fp32 [B, dim]
 =========================  =====================================================================
@@ -248,6 +251,21 @@ def load_per_token_quant_fp8(eps: float = PER_TOKEN_EPS) -> Fn:
     def fn(i):
         x = i["x"]
         return f(x, i["out"], i["sglang_scales"], x.shape[-1], eps, -FP8_MAX, FP8_MAX)
+
+    return fn
+
+
+def load_per_token_group_quant_fp8(eps: float = PER_TOKEN_EPS, group_size: int = 128) -> Fn:
+    """``per_token_group_quant_8bit(x, out, scales, group_size, eps, -448, 448)`` into the inputs'
+    ``out`` and ``scales`` (fp32 ``[T, H / group_size]``, row-major or column-major: its kernel
+    picks the layout from the strides, the column stride ``scales.stride(1)``). Same traffic as
+    sgljit's: 16 threads a group, the group read twice (the second from L1/L2). Scale ``max(absmax,
+    eps) / 448`` (sgljit: ``max(absmax / 448, eps)``; equal unless absmax < 448 * eps), NaNs
+    skipped by its max; x / scale like sgljit. Contiguous ``[T, H]`` input only."""
+    f = jit_module("per_token_group_quant_8bit").per_token_group_quant_8bit
+
+    def fn(i):
+        return f(i["x"], i["out"], i["scales"], group_size, eps, -FP8_MAX, FP8_MAX)
 
     return fn
 

@@ -1,4 +1,4 @@
-"""sgljit-quant-fp8: per-tensor (static, dynamic) and per-token FP8 quantization.
+"""sgljit-quant-fp8: per-tensor (static, dynamic), per-token and per-token-group FP8 quantization.
 
 Every backend must be bit-identical to PyTorch's ``(x.float() / scale).clamp(-m, m).to(fp8)`` for
 the same scale (the reference backend IS that formula; it is checked against an independent
@@ -12,6 +12,7 @@ conformance suite's (tests/plugins/test_conformance.py).
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -488,7 +489,8 @@ def _has_nvcc() -> bool:
 @pytest.mark.skipif(not _has_nvcc(), reason="nvcc not found")
 def test_cuda_compiles(cuda_build_env):
     """Every (dtype, fp8 dtype) the tests use, two builds at a time (~10 s each): one module holds
-    the three ops' checked entry points."""
+    the three per-tensor and per-token ops' checked entry points; and the per-token-group module of
+    each group size (bf16 -> e4m3) and of fp32 -> e5m2 (group size 32: 4-element vectors)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def build(combo):
@@ -496,22 +498,51 @@ def test_cuda_compiles(cuda_build_env):
             "cuda", "per_tensor_quant_fp8_static", dtype=combo[0], fp8_dtype=combo[1]
         )
 
+    def build_group(spec):
+        dtype, fp8_dtype, group_size = spec
+        return ops.family.prebuild(
+            "cuda",
+            "per_token_group_quant_fp8",
+            dtype=dtype,
+            fp8_dtype=fp8_dtype,
+            group_size=group_size,
+        )
+
+    shared = [op for op in ops.family.ops.values() if op.cuda.module == ops._MODULE]
+    assert len(shared) == 3
+    group_specs = [(torch.bfloat16, E4M3, g) for g in ops.GROUP_SIZES]
+    group_specs.append((torch.float32, E5M2, 32))
     with ThreadPoolExecutor(2) as pool:
         mods = list(pool.map(build, COMBOS))
+        group_mods = list(pool.map(build_group, group_specs))
     for mod in mods:
-        for name in ops.family.ops:
-            assert callable(getattr(mod, name))
+        for op in shared:
+            assert callable(getattr(mod, op.name))
+    for mod in group_mods:
+        assert callable(mod.per_token_group_quant_fp8)
 
 
 def test_prebuild_specs_cover_all_dtypes():
     specs = ops.family.prebuild_specs("cuda")  # called with the backend, as `sgljit build` does
     with pytest.raises(ValueError, match="backend"):
         ops.family.prebuild_specs("rocm")
-    assert len(specs) == 6
-    assert {(s["op"], s["dtype"], s["fp8_dtype"]) for s in specs} == {
+    shared = [s for s in specs if s["op"] != "per_token_group_quant_fp8"]
+    assert len(shared) == 6
+    assert {(s["op"], s["dtype"], s["fp8_dtype"]) for s in shared} == {
         ("per_tensor_quant_fp8_static", d, f)
         for d in ("bfloat16", "float16", "float32")
         for f in ("float8_e4m3fn", "float8_e5m2")
+    }
+    # per-token-group: its own modules, bf16 and fp16 at group size 128 (DeepSeek-style) and bf16
+    # at 64
+    assert {
+        (s["dtype"], s["fp8_dtype"], s["group_size"])
+        for s in specs
+        if s["op"] == "per_token_group_quant_fp8"
+    } == {
+        ("bfloat16", "float8_e4m3fn", 128),
+        ("float16", "float8_e4m3fn", 128),
+        ("bfloat16", "float8_e4m3fn", 64),
     }
     # SYCL: the same six modules, by their -D macros
     assert {(s["SGLJIT_T"], s["QFP8_E5M2"]) for s in ops.family.prebuild_specs("sycl")} == {
@@ -813,3 +844,460 @@ def test_dynamic_mode_env_is_read_once_at_import(monkeypatch):
             assert "ValueError: SGLJIT_QUANT_FP8_DYNAMIC='fastest'" in run.stderr
         else:
             assert run.returncode == 0, run.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-token-group: the reference against the oracle, every backend against the reference (codes
+# and scales bit for bit), the NaN/inf/eps policy, layouts, errors; on a GPU every launch shape.
+
+GROUP_LAYOUTS = ["row", "col", "col-ue8m0"]
+
+
+def oracle_group_scales(x, group_size, fp8_dtype, eps=1e-10, ue8m0=False) -> torch.Tensor:
+    """float64 arithmetic: max(absmax / fp8_max rounded to fp32, fp32(eps)); ue8m0 through frexp."""
+    rows, hidden = x.shape
+    amax = x.double().cpu().reshape(rows, hidden // group_size, group_size).abs().amax(dim=-1)
+    s = (amax / reference.fp8_max(fp8_dtype)).float().double()
+    s = torch.maximum(s, torch.tensor(eps, dtype=torch.float32).double())
+    if ue8m0:
+        mant, exp = torch.frexp(s)  # s = mant * 2^exp, mant in [0.5, 1)
+        s = torch.where((mant == 0.5) | ~s.isfinite(), s, torch.ldexp(torch.ones_like(s), exp))
+    return s.float()
+
+
+def oracle_group_quantize(x, scales, group_size, fp8_dtype) -> torch.Tensor:
+    rows, hidden = x.shape
+    per_element = scales.repeat_interleave(group_size, dim=1)
+    return oracle_quantize(x.reshape(rows, hidden), per_element, fp8_dtype)
+
+
+def _group_data(rows, hidden, group_size, dtype, device, seed=0) -> torch.Tensor:
+    """Groups over magnitudes 2^-12..2^12, one tiny (scale eps) and one all zero."""
+    g = torch.Generator().manual_seed(seed)
+    per_row = hidden // group_size
+    mags = torch.exp2(torch.randint(-12, 13, (rows, per_row, 1), generator=g).double())
+    mags.view(-1)[0] = 1e-12
+    if mags.numel() > 2:
+        mags.view(-1)[mags.numel() // 2] = 0.0
+    x = torch.randn(rows, per_row, group_size, generator=g, dtype=torch.float64) * mags
+    return x.view(rows, hidden).to(dtype).to(device)
+
+
+def _nan_scales(shape, device, column_major=False) -> torch.Tensor:
+    s = ops._group_scales(shape[0], shape[1], device, column_major)
+    s.fill_(float("nan"))
+    return s
+
+
+def _check_group(backend, x, group_size, fp8_dtype, *, column_major=False, ue8m0=False, eps=1e-10):
+    """The public function on ``backend`` into poisoned outputs; scales and codes bit for bit as the
+    reference's (NaN codes: NaN-ness on the CPU)."""
+    dev = x.device.type
+    rows, hidden = x.shape
+    out = _poisoned((rows, hidden), fp8_dtype, dev)
+    scales = _nan_scales((rows, hidden // group_size), dev, column_major)
+    got, got_scales = _run(
+        backend,
+        sgljit.ops.per_token_group_quant_fp8,
+        x,
+        group_size,
+        eps=eps,
+        fp8_dtype=fp8_dtype,
+        column_major_scales=column_major,
+        scale_ue8m0=ue8m0,
+        out=out,
+        scales=scales,
+    )
+    assert got is out and got_scales is scales
+    want, want_scales = reference.per_token_group_quant_fp8(x, group_size, fp8_dtype, eps, ue8m0)
+    assert torch.equal(got_scales.isnan(), want_scales.isnan())
+    assert torch.equal(_bits(got_scales.nan_to_num()), _bits(want_scales.nan_to_num()))
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    return got, got_scales
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
+@pytest.mark.parametrize("group_size", ops.GROUP_SIZES)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_group_reference_matches_oracle(dtype, fp8_dtype, group_size, ue8m0):
+    x = _group_data(13, 512, group_size, dtype, "cpu", seed=group_size)
+    out, scales = reference.per_token_group_quant_fp8(x, group_size, fp8_dtype, 1e-10, ue8m0)
+    want_scales = oracle_group_scales(x, group_size, fp8_dtype, 1e-10, ue8m0)
+    assert scales.shape == (13, 512 // group_size) and torch.equal(scales, want_scales)
+    assert_fp8_equal(out, oracle_group_quantize(x, scales, group_size, fp8_dtype), exact_nan=True)
+    assert scales[0, 0].item() == torch.tensor(1e-10).item() or ue8m0  # the tiny group: eps
+    assert (scales[6, 512 // group_size // 2] > 0).item()  # the zero group: eps, not 0
+
+
+def test_pow2_ceil_is_exact():
+    f32 = torch.float32
+    one_up = torch.tensor(1.0).nextafter(torch.tensor(2.0)).item()
+    tiny = 2.0**-126
+    cases = {
+        1.0: 1.0,
+        one_up: 2.0,
+        3.0: 4.0,
+        0.75: 1.0,
+        tiny: tiny,
+        torch.tensor(tiny, dtype=f32).nextafter(torch.tensor(1.0)).item(): 2.0**-125,
+        2.0**127: 2.0**127,
+        float(torch.finfo(f32).max): float("inf"),
+        float("inf"): float("inf"),
+        1e-10: 2.0**-33,
+    }
+    got = reference.pow2_ceil(torch.tensor(list(cases), dtype=f32))
+    assert got.tolist() == list(cases.values())
+    assert reference.pow2_ceil(torch.tensor([float("nan")])).isnan().all()
+    # against log2 where log2 is exact enough: random normal fp32 values
+    g = torch.Generator().manual_seed(3)
+    s = torch.exp2(torch.empty(10000, dtype=torch.float64).uniform_(-120, 120, generator=g)).float()
+    want = torch.exp2(torch.ceil(torch.log2(s.double())))
+    assert torch.equal(reference.pow2_ceil(s).double(), want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", GROUP_LAYOUTS)
+@pytest.mark.parametrize(
+    "rows,hidden,group_size",
+    [(1, 4096, 128), (7, 7168, 128), (33, 2048, 64), (5, 1024, 32)],
+    ids=lambda v: str(v),
+)
+@pytest.mark.parametrize("dtype,fp8_dtype", COMBOS, ids=COMBO_IDS)
+def test_per_token_group(backend, rows, hidden, group_size, layout, dtype, fp8_dtype):
+    dev = _device(backend)
+    x = _group_data(rows, hidden, group_size, dtype, dev, seed=rows + hidden + group_size)
+    _, scales = _check_group(
+        backend,
+        x,
+        group_size,
+        fp8_dtype,
+        column_major=layout != "row",
+        ue8m0=layout == "col-ue8m0",
+    )
+    if layout == "col-ue8m0":
+        mant, _ = torch.frexp(scales.double())
+        assert (mant == 0.5).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_token_group_layouts(backend):
+    dev = _device(backend)
+    f = sgljit.ops.per_token_group_quant_fp8
+    for rows in (1, 5, 8, 0):
+        x = _group_data(max(rows, 1), 512, 128, torch.bfloat16, dev, seed=rows)[:rows]
+        with _ctx(backend):
+            out, s = f(x, column_major_scales=True)
+            assert s.shape == (rows, 4) and (not rows or s.stride() == (1, -(-rows // 4) * 4))
+            assert out.shape == (rows, 512) and out.dtype == E4M3
+            out, s = f(x, 64, fp8_dtype=E5M2)
+            assert s.shape == (rows, 8) and s.stride() == (8, 1) and out.dtype == E5M2
+        if rows:
+            assert torch.equal(s, reference.per_token_group_scales(x, 64, E5M2))
+    # a given scales in any layout with distinct elements: a slice of a wider buffer, written
+    # through its strides, the rest untouched
+    x = _group_data(6, 1024, 64, torch.float16, dev, seed=9)
+    buf = torch.full((20, 9), float("nan"), device=dev)
+    scales = buf[2:18, 1:7].t()  # [6, 16], strides (1, 9)
+    with _ctx(backend):
+        _, s = f(x, 64, column_major_scales=True, scales=scales)
+    assert s is scales and torch.equal(s, reference.per_token_group_scales(x, 64, E4M3))
+    written = torch.zeros_like(buf, dtype=torch.bool)
+    written[2:18, 1:7] = True
+    assert buf[~written].isnan().all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_token_group_strided_and_misaligned(backend):
+    dev = _device(backend)
+    buf = _group_data(37, 4096 + 192, 64, torch.bfloat16, dev, seed=5)
+    x = buf[:, 64 : 64 + 4096]  # rows 4288 elements apart, start offset 128 bytes
+    obuf = _poisoned((37, 4096 + 48), E4M3, dev)
+    out = obuf[:, 16 : 16 + 4096]
+    for layout in GROUP_LAYOUTS:
+        got, scales = _run(
+            backend,
+            sgljit.ops.per_token_group_quant_fp8,
+            x,
+            column_major_scales=layout != "row",
+            scale_ue8m0=layout == "col-ue8m0",
+            out=out,
+        )
+        want, want_scales = reference.per_token_group_quant_fp8(
+            x.contiguous(), 128, E4M3, 1e-10, layout == "col-ue8m0"
+        )
+        assert torch.equal(scales, want_scales)
+        assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+        assert (obuf[:, :16].view(torch.uint8) == 0xFF).all()
+        assert (obuf[:, 16 + 4096 :].view(torch.uint8) == 0xFF).all()
+    # odd offset and row stride (no 16-byte vectors), fp16 and fp32
+    for dtype in (torch.float16, torch.float32):
+        flat = _group_data(1, 41 * 1027 + 1, 1, dtype, dev, seed=7).view(-1)
+        y = flat[1:].view(41, 1027)[:, :1024]
+        _check_group(backend, y, 32, E5M2)
+        _check_group(backend, y, 128, E4M3, column_major=True, ue8m0=True)
+
+
+def _special_rows(dtype, device) -> torch.Tensor:
+    """Groups of 32: [NaN among values], [+inf among values], [-inf], [all zero], [tiny], [normal]."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 32, generator=g, dtype=torch.float64)
+    x[0, 5] = float("nan")
+    x[1, 7] = float("inf")
+    x[2, 9] = -float("inf")
+    x[3] = 0.0
+    x[3, 1::2] = -0.0
+    x[4] *= 1e-30
+    return x.reshape(1, 192).repeat(3, 1).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
+@pytest.mark.parametrize("dtype,fp8_dtype", COMBOS, ids=COMBO_IDS)
+def test_per_token_group_nan_inf_eps_policy(backend, ue8m0, dtype, fp8_dtype):
+    """A NaN in a group: NaN scale, every code NaN. An inf: inf scale, NaN codes for the infs,
+    +-0 (x's sign) for the rest. All-zero and tiny groups: scale fp32(eps) (ue8m0: rounded up),
+    codes of the zero group +-0 with x's sign. Other groups are unaffected."""
+    dev = _device(backend)
+    x = _special_rows(dtype, dev)
+    eps = 1e-10
+    got, s = _check_group(
+        backend, x, 32, fp8_dtype, column_major=True, ue8m0=ue8m0, eps=eps
+    )  # bit for bit as the reference; the policy itself:
+    eps32 = torch.tensor(eps, dtype=torch.float32).item()
+    eps_scale = 2.0**-33 if ue8m0 else eps32
+    codes = got.view(torch.uint8).cpu().view(3, 6, 32)
+    nan = got.float().isnan().cpu().view(3, 6, 32)
+    s = s.cpu()
+    assert s[:, 0].isnan().all() and nan[:, 0].all()
+    for group, col in ((1, 7), (2, 9)):
+        assert (s[:, group] == float("inf")).all()
+        assert nan[:, group, col].all() and nan[:, group].sum() == 3
+        others = torch.ones(32, dtype=torch.bool)
+        others[col] = False
+        signs = torch.signbit(x[0, group * 32 : group * 32 + 32].float().cpu())[others]
+        assert torch.equal(codes[:, group, others], (signs.to(torch.uint8) << 7).expand(3, -1))
+    assert (s[:, 3] == eps_scale).all() and (s[:, 4] == eps_scale).all()
+    assert torch.equal(codes[:, 3, 1::2], torch.full((3, 16), 0x80, dtype=torch.uint8))
+    assert not codes[:, 3, 0::2].any()
+    assert (s[:, 5].isfinite() & (s[:, 5] > eps_scale)).all() and not nan[:, 5].any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_token_group_eps_decides_small_groups(backend):
+    dev = _device(backend)
+    x = _group_data(9, 1024, 128, torch.float32, dev, seed=4)
+    for eps in (1e-3, 0.1, 2.0**-126, 3e38):
+        _, s = _check_group(backend, x, 128, E4M3, eps=eps)
+        eps32 = torch.tensor(eps, dtype=torch.float32)
+        amax_scale = reference.per_token_group_scales(x, 128, E4M3, 2.0**-126)
+        want = torch.maximum(amax_scale, eps32.to(amax_scale.device))
+        assert torch.equal(s, want)
+        assert (s >= eps32.item()).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_token_group_bad_arguments_name_the_argument(backend):
+    """Checked before anything is written, on every backend (the spec's generated checks are the
+    conformance suite's; here what the spec cannot say)."""
+    dev = _device(backend)
+    x = _group_data(3, 512, 128, torch.bfloat16, dev, seed=2)
+    op = ops._per_token_group
+
+    def args(**changes):
+        a = {
+            "input": x,
+            "out": _poisoned((3, 512), E4M3, dev),
+            "scales": torch.full((3, 4), float("nan"), device=dev),
+            "group_size": 128,
+            "eps": 1e-10,
+            "scale_ue8m0": False,
+        }
+        a.update(changes)
+        return a
+
+    y = _group_data(3, 4000, 32, torch.bfloat16, dev, seed=2)
+    cases = [
+        ("group_size: expected one of 32, 64, 128, got 48", args(group_size=48)),
+        ("group_size: expected a value >= 32", args(group_size=16)),
+        ("group_size: expected a value <= 128", args(group_size=256)),
+        (
+            "group_size: must divide input's last dimension 4000, got 128",
+            args(
+                input=y,
+                out=_poisoned((3, 4000), E4M3, dev),
+                scales=torch.full((3, 31), float("nan"), device=dev),
+            ),
+        ),
+        (
+            "scales: dimension 1 expected 4 (input's last dimension / group_size), got 8",
+            args(scales=torch.full((3, 8), float("nan"), device=dev)),
+        ),
+        (
+            "scales: dimension 0 expected 3",
+            args(scales=torch.full((4, 4), float("nan"), device=dev)),
+        ),
+        (
+            "scales: dtype expected one of {float32}",
+            args(scales=torch.full((3, 4), float("nan"), device=dev).half()),
+        ),
+        (
+            "scales: sgljit writes it",
+            args(scales=torch.full((3, 1), float("nan"), device=dev).expand(3, 4)),
+        ),
+        (
+            "out: dtype expected one of",
+            args(out=torch.full((3, 256), -1, dtype=torch.int16, device=dev).view(torch.uint8)),
+        ),
+        ("eps: expected a value >= ", args(eps=0.0)),
+        ("eps: expected a value <= ", args(eps=float("inf"))),
+        ("eps: expected a value >= ", args(eps=float("nan"))),
+    ]
+    for message, a in cases:
+        with _ctx(backend), pytest.raises(ValueError, match="^" + re.escape(message)):
+            op(**a)
+        assert a["scales"].isnan().all(), message  # nothing ran
+        assert (a["out"].view(torch.uint8) == 0xFF).all(), message
+
+
+def test_per_token_group_public_function_errors():
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    f = sgljit.ops.per_token_group_quant_fp8
+    row_major, col_major = torch.empty(4, 2), torch.empty(2, 4).t()
+    cases = [
+        (TypeError, "input", lambda: f([[1.0]])),
+        (ValueError, "input", lambda: f(torch.randn(2, 4, 128))),
+        (TypeError, "fp8_dtype", lambda: f(x, fp8_dtype=torch.float16)),
+        (TypeError, "out", lambda: f(x, out=torch.empty(4, 256, dtype=E5M2))),
+        (ValueError, "out", lambda: f(x, out=torch.empty(4, 128, dtype=E4M3))),
+        (TypeError, "group_size", lambda: f(x, 128.0)),
+        (TypeError, "group_size", lambda: f(x, True)),
+        (ValueError, "group_size", lambda: f(x, 0)),
+        (ValueError, "group_size", lambda: f(x, 96)),
+        (TypeError, "eps", lambda: f(x, eps="1")),
+        (TypeError, "scale_ue8m0", lambda: f(x, scale_ue8m0=1)),
+        # the layout column_major_scales names, for a given scales
+        (ValueError, "scales", lambda: f(x, column_major_scales=True, scales=row_major)),
+        (ValueError, "scales", lambda: f(x, scales=col_major)),
+        (ValueError, "scales", lambda: f(x, scales=torch.empty(4, 3))),
+        (TypeError, "scales", lambda: f(x, scales=[1.0])),
+    ]
+    for exc, name, call in cases:
+        with pytest.raises(exc, match=rf"^{name}\b"):
+            call()
+    # the layout given agrees with the flag: accepted
+    assert f(x, scales=row_major)[1] is row_major
+    assert f(x, column_major_scales=True, scales=col_major)[1] is col_major
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "reference",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")],
+        ),
+    ],
+)
+def test_per_token_group_torch_compile_fullgraph(backend):
+    f = sgljit.ops.per_token_group_quant_fp8
+
+    def fn(x):
+        a, sa = f(x)
+        b, sb = f(x, 64, fp8_dtype=E5M2, column_major_scales=True, scale_ue8m0=True)
+        return a, sa, b, sb
+
+    dev = _device(backend)
+    x = _group_data(37, 1024, 64, torch.bfloat16, dev, seed=8)
+    with _ctx(backend):
+        eager = fn(x)
+        compiled = torch.compile(fn, fullgraph=True)(x)
+    for got, want in zip(compiled, eager, strict=True):
+        assert got.stride() == want.stride()
+        assert torch.equal(_bits(got), _bits(want))
+    assert eager[3].stride() == (1, 40)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", GROUP_LAYOUTS)
+@pytest.mark.parametrize(
+    # bf16 g128 (8 lanes a group): 1, 2 and 4 groups per lane from about 16.9K and 33.8K groups on
+    # 132 SMs; a partial last block; 65536 x 7168 (3.7M groups)
+    "rows,hidden",
+    [(1, 4096), (3, 7168), (600, 4096), (1100, 4096), (4097, 7168), (65536, 7168)],
+    ids=lambda v: str(v),
+)
+def test_cuda_group_launch_shapes(rows, hidden, layout):
+    x = _group_data(rows, hidden, 128, torch.bfloat16, "cuda", seed=rows)
+    _check_group("cuda", x, 128, E4M3, column_major=layout != "row", ue8m0=layout == "col-ue8m0")
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", ops.GROUP_SIZES)
+@pytest.mark.parametrize("dtype,fp8_dtype", COMBOS, ids=COMBO_IDS)
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "unaligned"])
+def test_cuda_group_sizes_and_dtypes(group_size, dtype, fp8_dtype, offset):
+    # offset 1: one-element vectors (the kernel's other instantiation), at every group size
+    rows, hidden = 2049, 2048
+    x = _group_data(1, rows * hidden + offset, 1, dtype, "cuda", seed=group_size)
+    x = x.view(-1)[offset:].view(rows, hidden)
+    _check_group("cuda", x, group_size, fp8_dtype)
+    _check_group("cuda", x[:5], group_size, fp8_dtype, column_major=True, ue8m0=True)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_cuda_group_every_bf16_value_at_its_scale(fp8_dtype):
+    """A group's scale bounds its quotients by fp8_max, so the one-step division has no guard for
+    huge quotients there: every finite bf16 value up to an absmax, in groups that each hold that
+    absmax, for 12 absmax values (and the same near the fp8 rounding boundaries)."""
+    g = torch.Generator().manual_seed(13)
+    every = _every_16bit(torch.bfloat16)
+    every = every[every.float().isfinite()]
+    for p in torch.randint(0x3000, 0x4F80, (12,), generator=g).tolist():
+        absmax = torch.tensor([p], dtype=torch.int16).view(torch.bfloat16)
+        x = every[every.float().abs() <= absmax.float()]
+        x = x[torch.randperm(x.numel(), generator=g)]
+        x = x[: x.numel() // 127 * 127].view(-1, 127)
+        x = torch.cat([x, absmax.expand(x.shape[0], 1)], dim=1)  # rows of one group
+        _check_group("cuda", x.cuda(), 128, fp8_dtype)
+    scale = 0.0173
+    near = _near_boundaries(scale, fp8_dtype, g)
+    near = near[: near.numel() // 127 * 127].view(-1, 127)
+    top = torch.full((near.shape[0], 1), scale * reference.fp8_max(fp8_dtype))
+    x = torch.cat([near, top], dim=1)
+    _check_group("cuda", x.cuda(), 128, fp8_dtype)
+    _check_group("cuda", x.cuda().bfloat16(), 128, fp8_dtype)
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_cuda_group_graph_capture_and_replay():
+    x = _group_data(4097, 7168, 128, torch.bfloat16, "cuda", seed=4)
+    out = torch.empty(x.shape, dtype=E4M3, device="cuda")
+    scales = ops._group_scales(4097, 56, "cuda", True)
+
+    def step():
+        ops._per_token_group(x, out, scales, 128, 1e-10, True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (11, 12):
+        x.copy_(_group_data(4097, 7168, 128, torch.bfloat16, "cuda", seed=seed))
+        out.view(torch.uint8).fill_(0xFF)
+        scales.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want, ws = reference.per_token_group_quant_fp8(x, 128, E4M3, 1e-10, True)
+        assert torch.equal(scales, ws)
+        assert_fp8_equal(out, want, exact_nan=True)

@@ -1,7 +1,8 @@
 """sgljit-quant-fp8: FP8 quantization (float8_e4m3fn, float8_e5m2) per tensor (static or dynamic
-scale) and per token, bit-identical to PyTorch's ``(x.float() / scale).clamp(...).to(fp8)``. CUDA
-and SYCL kernels; the ops are ``sgljit.ops.per_tensor_quant_fp8`` and
-``sgljit.ops.per_token_quant_fp8``."""
+scale), per token and per token group, bit-identical to PyTorch's
+``(x.float() / scale).clamp(...).to(fp8)``. CUDA and SYCL kernels; the ops are
+``sgljit.ops.per_tensor_quant_fp8``, ``sgljit.ops.per_token_quant_fp8`` and
+``sgljit.ops.per_token_group_quant_fp8``."""
 
 MANIFEST = {
     "name": "quant_fp8",
@@ -10,6 +11,7 @@ MANIFEST = {
     "ops": {
         "per_tensor_quant_fp8": "sgljit_quant_fp8.ops:per_tensor_quant_fp8",
         "per_token_quant_fp8": "sgljit_quant_fp8.ops:per_token_quant_fp8",
+        "per_token_group_quant_fp8": "sgljit_quant_fp8.ops:per_token_group_quant_fp8",
     },
     "family": "sgljit_quant_fp8.ops:family",
 }

@@ -1,6 +1,7 @@
-"""FP8 quantization: ``per_tensor_quant_fp8`` (static or dynamic scale) and ``per_token_quant_fp8``.
+"""FP8 quantization: ``per_tensor_quant_fp8`` (static or dynamic scale), ``per_token_quant_fp8`` and
+``per_token_group_quant_fp8``.
 
-Both return ``(out, scale)``. Quantized values are bit-identical to PyTorch's
+All return ``(out, scale)``. Quantized values are bit-identical to PyTorch's
 ``(x.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` for the same fp32 scale, on every
 backend (CUDA: hardware conversion after a correctly rounded division; SYCL: software conversion
 with round-to-nearest-even, saturation and NaN handling). Dynamic scales are
@@ -8,9 +9,10 @@ with round-to-nearest-even, saturation and NaN handling). Dynamic scales are
 gives a NaN scale (as ``torch.amax`` does). fp8_max is 448 (float8_e4m3fn) or 57344 (float8_e5m2).
 
 The kernel ops (``sgljit::per_tensor_quant_fp8_static``, ``sgljit::per_tensor_quant_fp8_dynamic``,
-``sgljit::per_token_quant_fp8``) are destination passing; the public functions allocate and return
-the tuple, so ``torch.compile(fullgraph=True)`` and CUDA graphs work. One module per (input dtype,
-fp8 dtype) holds all three kernels, on CUDA and on SYCL.
+``sgljit::per_token_quant_fp8``, ``sgljit::per_token_group_quant_fp8``) are destination passing; the
+public functions allocate and return the tuple, so ``torch.compile(fullgraph=True)`` and CUDA graphs
+work. One module per (input dtype, fp8 dtype) holds the first three kernels on CUDA, and all four on
+SYCL; per-token-group has its own CUDA module per (input dtype, fp8 dtype, group size).
 
 ``SGLJIT_QUANT_FP8_DYNAMIC`` picks the CUDA algorithm of the dynamic per-tensor op; it is read
 once, when this module is imported (set it before the first use of a quant op): ``auto`` (the
@@ -30,7 +32,15 @@ from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor
 
 from . import reference
 
-__all__ = ["FP8_DTYPES", "WORKSPACE_SIZE", "family", "per_tensor_quant_fp8", "per_token_quant_fp8"]
+__all__ = [
+    "FP8_DTYPES",
+    "GROUP_SIZES",
+    "WORKSPACE_SIZE",
+    "family",
+    "per_tensor_quant_fp8",
+    "per_token_group_quant_fp8",
+    "per_token_quant_fp8",
+]
 
 family = Family("quant_fp8", __file__)
 FP8_DTYPES = reference.FP8_DTYPES
@@ -263,6 +273,162 @@ _per_token = family.op(
 
 
 # ------------------------------------------------------------------------------------------------
+# Per-token-group: on CUDA its own module per (input dtype, fp8 dtype, group size) (csrc/group.cuh);
+# on SYCL a kernel of the shared module, the group size an argument.
+
+GROUP_SIZES = (32, 64, 128)
+_MIN_EPS = 2.0**-126  # eps: a positive normal fp32 value (so the scale is never 0 or subnormal)
+_MAX_EPS = float(torch.finfo(torch.float32).max)
+
+
+def _check_group_size(group_size: int) -> None:
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size: expected one of 32, 64, 128, got {group_size}")
+
+
+def _check_groups(input, scales, group_size) -> None:
+    """What the spec cannot say (csrc/group.cuh checks the same, with the same messages)."""
+    _check_group_size(group_size)
+    hidden = input.shape[1]
+    if hidden % group_size:
+        raise ValueError(
+            f"group_size: must divide input's last dimension {hidden}, got {group_size}"
+        )
+    if scales.shape[1] != hidden // group_size:
+        raise ValueError(
+            f"scales: dimension 1 expected {hidden // group_size} (input's last dimension / "
+            f"group_size), got {scales.shape[1]}"
+        )
+
+
+def _group_reference(input, out, scales, group_size, eps, scale_ue8m0) -> None:
+    _check_groups(input, scales, group_size)
+    reference.per_token_group_into(input, out, scales, group_size, eps, scale_ue8m0)
+
+
+def _group_params(dtype, fp8_dtype, group_size) -> dict:
+    """The CUDA module's template parameters; an unsupported group size is refused before a build."""
+    _check_group_size(group_size)
+    return {"dtype": dtype, "fp8_dtype": fp8_dtype, "group_size": group_size}
+
+
+_GROUP_SYCL_ARGS = ("ptr", "i64", "ptr", "i64", "ptr", "i64", "i64", "i64", "i64", "f32", "i32")
+
+
+def _launch_group(module, key, input, out, scales, group_size, eps, scale_ue8m0) -> None:
+    _check_groups(input, scales, group_size)
+    rows, hidden = input.shape
+    per_row = hidden // group_size
+    if rows * per_row == 0:
+        return
+    fn = module.get_function("quant_fp8_per_token_group", _GROUP_SYCL_ARGS)
+    wg = 32
+    fn(
+        rows * per_row * wg, wg, input, input.stride(0), out, out.stride(0), scales,
+        scales.stride(0), scales.stride(1), per_row, group_size, eps, int(scale_ue8m0),
+    )  # fmt: skip
+
+
+def _group_case(
+    rows, hidden, dtype, fp8_dtype, group_size, *, pad=0, offset=0, column_major=False, ue8m0=False
+) -> Case:
+    """Groups over several magnitudes, one of them tiny (its scale is eps) and one all zero.
+    ``pad``: input and out are column slices of wider buffers (strided rows); ``offset``: input
+    starts that many elements into its storage (odd: no 16-byte vectors); ``column_major``: scales
+    as DeepSeek-style GEMMs take them (strides (1, rows rounded up to 4))."""
+    per_row = hidden // group_size
+
+    def make(device):
+        mags = torch.exp2(torch.randint(-8, 9, (rows, per_row, 1), device=device).float())
+        mags.view(-1)[0] = 1e-12
+        if mags.numel() > 1:
+            mags.view(-1)[-1] = 0.0
+        x = (torch.randn(rows, per_row, group_size, device=device) * mags).view(rows, hidden)
+        width = hidden + pad
+        flat = torch.randn(offset + rows * width, device=device).to(dtype)
+        full = flat[offset:].view(rows, width)
+        full[:, pad : pad + hidden] = x.to(dtype)
+        out = torch.empty(rows, width, device=device, dtype=fp8_dtype)
+        out = out[:, pad // 2 : pad // 2 + hidden]
+        return (
+            full[:, pad : pad + hidden],
+            out,
+            _group_scales(rows, per_row, device, column_major),
+            group_size,
+            1e-10,
+            ue8m0,
+        )
+
+    label = "".join(
+        [
+            " strided" if pad else "",
+            " misaligned" if offset % 2 else "",
+            " col-major" if column_major else "",
+            " ue8m0" if ue8m0 else "",
+        ]
+    )
+    name = f"{rows}x{hidden} g{group_size}{label} {_name(dtype)}->{_name(fp8_dtype)}"
+    return Case(name, make, 0.0)
+
+
+def _group_scales(rows: int, per_row: int, device, column_major: bool) -> torch.Tensor:
+    """fp32 ``[rows, per_row]``: row-major, or column-major with columns 16-byte aligned (the
+    token stride rounded up to 4 floats, as TMA loads of DeepSeek-style GEMMs need)."""
+    if column_major:
+        aligned = -(-rows // 4) * 4
+        return torch.empty(per_row, aligned, dtype=torch.float32, device=device).t()[:rows]
+    return torch.empty(rows, per_row, dtype=torch.float32, device=device)
+
+
+_per_token_group = family.op(
+    "per_token_group_quant_fp8",
+    args={
+        "input": Tensor("num_tokens", "hidden"),
+        "out": Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, io="out"),
+        "scales": Tensor("num_tokens", "groups", dtype=_FP32, layout="strided", io="out"),
+        "group_size": Scalar(int, min=min(GROUP_SIZES), max=max(GROUP_SIZES)),
+        "eps": Scalar(float, min=_MIN_EPS, max=_MAX_EPS),
+        "scale_ue8m0": Scalar(bool),
+    },
+    reference=_group_reference,
+    doc="""Per group of ``group_size`` (32, 64 or 128, dividing H) consecutive elements of a row of
+    ``input`` ``[T, H]``: ``scales[t, g] = max(absmax(group) / fp8_max, eps)`` (fp32; with
+    ``scale_ue8m0`` rounded up to a power of two), ``out`` = the group quantized with it. ``scales``
+    fp32 ``[T, H / group_size]`` in any layout whose elements are distinct (row- or column-major).
+    ``eps``: a positive normal fp32 value. See :func:`per_token_group_quant_fp8`.""",
+    cuda=Cuda(
+        "csrc/group.cuh",
+        "sgljit_quant_fp8::GroupQuantFp8<{dtype}, {fp8_dtype}, {group_size}>::run",
+        key=lambda input, out, scales, group_size, *_: (input.dtype, out.dtype, group_size),
+        params=_group_params,
+        module="group",
+    ),
+    sycl=Sycl(
+        _SYCL_FILE,
+        key=lambda input, out, *_: _sycl_key(input.dtype, out.dtype),
+        launch=_launch_group,
+        module=_MODULE,
+    ),
+    prebuild={
+        "cuda": [
+            {"dtype": _BF16, "fp8_dtype": _E4M3, "group_size": 128},
+            {"dtype": torch.float16, "fp8_dtype": _E4M3, "group_size": 128},
+            {"dtype": _BF16, "fp8_dtype": _E4M3, "group_size": 64},
+        ]
+    },
+    cases=[
+        _group_case(9, 2048, _BF16, _E4M3, 128),
+        _group_case(7, 7168, _BF16, _E5M2, 128, column_major=True),
+        _group_case(5, 4096, _BF16, _E4M3, 128, column_major=True, ue8m0=True),
+        _group_case(11, 1024, torch.float16, _E4M3, 64, pad=64),
+        _group_case(3, 512, torch.float32, _E5M2, 32, ue8m0=True),
+        _group_case(13, 640, _BF16, _E4M3, 128, offset=1),
+        _group_case(6, 96, torch.float16, _E5M2, 32, pad=3, column_major=True),
+    ],
+)
+
+
+# ------------------------------------------------------------------------------------------------
 # Public functions
 
 
@@ -354,4 +520,68 @@ def per_token_quant_fp8(
     if scales is None:
         scales = torch.empty((input.shape[0], 1), dtype=torch.float32, device=input.device)
     _per_token(input, out, scales)
+    return out, scales
+
+
+def per_token_group_quant_fp8(
+    input: torch.Tensor,
+    group_size: int = 128,
+    *,
+    eps: float = 1e-10,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    column_major_scales: bool = False,
+    scale_ue8m0: bool = False,
+    out: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``input`` ``[T, H]`` (fp16/bf16/fp32; rows may be strided, the last dimension
+    contiguous) to ``fp8_dtype`` with one dynamic fp32 scale per group of ``group_size`` (32, 64 or
+    128, dividing H) consecutive elements of a row.
+
+    ``scale = max(absmax(group) / fp8_max, eps)`` (true fp32 division, eps rounded to fp32; eps a
+    positive normal fp32 value); with ``scale_ue8m0`` rounded up to a power of two,
+    ``2^ceil(log2(scale))`` exactly. Codes are ``(x.float() / scale).clamp(-fp8_max,
+    fp8_max).to(fp8_dtype)`` bit for bit. NaN and inf as torch computes them: a NaN in a group
+    gives a NaN scale and NaN codes for the whole group; an inf gives an inf scale, NaN codes for
+    the infs and +-0 for the rest of its group.
+
+    Returns ``(out [T, H], scales [T, H / group_size])``. ``scales`` is row-major, or with
+    ``column_major_scales`` column-major as DeepSeek-style FP8 GEMMs take it: strides ``(1,
+    T_aligned)``, T rounded up to a multiple of 4 (16-byte aligned columns for TMA). ``out``
+    (fp8_dtype, ``[T, H]``, last dimension contiguous) and ``scales`` (fp32, in the layout
+    ``column_major_scales`` names) may be given.
+
+    Differences from sglang's ``per_token_group_quant_8bit``: its scale is ``max(absmax, eps) /
+    fp8_max`` (different only for groups with absmax below ``eps * fp8_max``, e.g. all-zero
+    groups: sglang ``eps / fp8_max``, here ``eps``); its absmax skips NaNs (here NaN propagates);
+    with ue8m0 it rounds through ``exp2f(ceilf(log2f(s)))`` and writes packed uint8 exponents
+    (int32 words, for Blackwell GEMMs), where this writes the fp32 power of two; it needs a
+    contiguous input and also has int8 output, group sizes 16 and fused SiLU-and-mul, which this
+    has not.
+    """
+    _check_fp8_dtype(fp8_dtype)
+    if not isinstance(input, torch.Tensor) or input.dim() != 2:
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
+        raise ValueError(f"input: expected a 2-D tensor [T, H], got shape {tuple(input.shape)}")
+    rows, hidden = input.shape
+    if out is None:
+        out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
+    else:
+        _check_out_dtype(out, fp8_dtype)
+    # (a group size the op refuses allocates no groups; the op then names it)
+    valid = isinstance(group_size, int) and not isinstance(group_size, bool) and group_size > 0
+    per_row = hidden // group_size if valid else 0
+    if scales is None:
+        scales = _group_scales(rows, per_row, input.device, column_major_scales)
+    elif isinstance(scales, torch.Tensor) and scales.dim() == 2:
+        layout = "column" if column_major_scales else "row"
+        stride = scales.stride(0 if column_major_scales else 1)
+        if stride != 1 and scales.shape[0 if column_major_scales else 1] > 1:
+            raise ValueError(
+                f"scales: column_major_scales={column_major_scales} expects a {layout}-major "
+                f"tensor (stride 1 along dimension {0 if column_major_scales else 1}), got "
+                f"strides {tuple(scales.stride())}"
+            )
+    _per_token_group(input, out, scales, group_size, eps, scale_ue8m0)
     return out, scales

@@ -4,6 +4,8 @@ Quantized values are exactly ``(x.float() / scale).clamp(-fp8_max, fp8_max).to(f
 division by an fp32 scale tensor; clamp, then round to nearest even). Dynamic scales are
 ``max(absmax / fp8_max, 2^-126)`` in fp32, the division again a true fp32 division: an all-zero
 input gets the finite scale 2^-126 (its output is all zeros), a NaN anywhere gives a NaN scale.
+Per-token-group scales are ``max(absmax(group) / fp8_max, eps)`` (eps rounded to fp32), optionally
+rounded up to a power of two (ue8m0), with the same NaN and inf behaviour as torch's ops.
 """
 
 import torch
@@ -16,9 +18,13 @@ __all__ = [
     "per_tensor_quant_fp8",
     "per_tensor_scale",
     "per_tensor_static_into",
+    "per_token_group_into",
+    "per_token_group_quant_fp8",
+    "per_token_group_scales",
     "per_token_into",
     "per_token_quant_fp8",
     "per_token_scales",
+    "pow2_ceil",
     "quantize",
     "quantize_into",
 ]
@@ -71,6 +77,49 @@ def per_token_into(input: torch.Tensor, out: torch.Tensor, scales: torch.Tensor)
     quantize_into(input, scales, out)
 
 
+def per_token_group_into(
+    input: torch.Tensor,
+    out: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    eps: float,
+    scale_ue8m0: bool,
+) -> None:
+    """Per group of ``group_size`` consecutive elements of a row of ``input`` ``[T, H]``:
+    ``scales[t, g]`` = :func:`per_token_group_scales`, ``out[t, g*gs:(g+1)*gs] =
+    quantize(group / scales[t, g])``; ``scales`` ``[T, H / group_size]`` in any layout."""
+    s = per_token_group_scales(input, group_size, out.dtype, eps, scale_ue8m0)
+    scales.copy_(s)
+    rows, hidden = input.shape
+    groups = input.reshape(rows, hidden // group_size, group_size)
+    out.copy_(quantize(groups, s.unsqueeze(-1), out.dtype).view(rows, hidden))
+
+
+def per_token_group_scales(
+    x: torch.Tensor,
+    group_size: int,
+    fp8_dtype: torch.dtype,
+    eps: float = 1e-10,
+    scale_ue8m0: bool = False,
+) -> torch.Tensor:
+    """fp32 ``[T, H / group_size]`` for x ``[T, H]``: ``max(absmax(group) / fp8_max, fp32(eps))``,
+    then with ``scale_ue8m0`` :func:`pow2_ceil`. A NaN in a group gives a NaN scale (as
+    ``torch.amax``), an inf an inf scale (its group's codes: NaN for the infs, +-0 for the rest)."""
+    rows, hidden = x.shape
+    amax = x.reshape(rows, hidden // group_size, group_size).abs().amax(dim=-1).float()
+    s = torch.maximum(_div(amax, fp8_max(fp8_dtype)), torch.full_like(amax, eps))
+    return pow2_ceil(s) if scale_ue8m0 else s
+
+
+def pow2_ceil(s: torch.Tensor) -> torch.Tensor:
+    """``2^ceil(log2(s))`` for finite positive normal fp32 ``s``, exactly (a power of two stays;
+    above 2^127 gives inf); inf and NaN unchanged."""
+    bits = s.view(torch.int32)
+    up = (bits | 0x7FFFFF) + 1
+    round_up = ((bits & 0x7FFFFF) != 0) & s.isfinite()
+    return torch.where(round_up, up, bits).view(torch.float32)
+
+
 def per_tensor_scale(x: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     """fp32 ``[1]``: ``max(absmax(x) / fp8_max, 2^-126)`` (NaN if x has a NaN)."""
     if x.numel() == 0:
@@ -102,3 +151,18 @@ def per_token_quant_fp8(
     """(out ``[T, H]``, scales ``[T, 1]``) with one dynamic scale per row."""
     scales = per_token_scales(x, fp8_dtype)
     return quantize(x, scales, fp8_dtype), scales
+
+
+def per_token_group_quant_fp8(
+    x: torch.Tensor,
+    group_size: int = 128,
+    fp8_dtype: torch.dtype = FP8_DTYPES[0],
+    eps: float = 1e-10,
+    scale_ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[T, H]``, scales ``[T, H / group_size]`` row-major) with one dynamic scale per
+    group of ``group_size`` consecutive elements of a row."""
+    scales = per_token_group_scales(x, group_size, fp8_dtype, eps, scale_ue8m0)
+    rows, hidden = x.shape
+    groups = x.reshape(rows, hidden // group_size, group_size)
+    return quantize(groups, scales.unsqueeze(-1), fp8_dtype).view(rows, hidden), scales

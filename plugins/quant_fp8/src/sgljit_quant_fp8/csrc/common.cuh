@@ -112,6 +112,10 @@ SGLJIT_DEVICE uint8_t to_fp8(float a) {
   return __nv_cvt_float_to_fp8(a, __NV_SATFINITE, Fp8<Q>::kKind);
 }
 
+inline bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Vector I/O: VEC elements of T in one transaction (16 bytes when VEC = 16 / sizeof(T)).
 

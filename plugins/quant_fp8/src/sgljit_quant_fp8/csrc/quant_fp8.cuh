@@ -51,10 +51,6 @@ struct AutoConfig {
 
 inline int l2_bytes(int device_id) { return device_attribute(device_id, cudaDevAttrL2CacheSize); }
 
-inline bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
-
 // Persistent grid for `kKernel`: at most SMs x resident blocks (and `cap`), at least one block, and
 // no more blocks than one vector per thread needs.
 template <auto kKernel, int kThreads>

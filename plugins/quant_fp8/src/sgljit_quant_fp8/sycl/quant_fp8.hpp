@@ -1,12 +1,13 @@
 // FP8 quantization, SYCL: per-tensor static, per-tensor dynamic (two kernels: work-group partial
-// maxima into a workspace, then every work-group reduces them and quantizes its range) and
-// per-token (one work-group per row).
+// maxima into a workspace, then every work-group reduces them and quantizes its range), per-token
+// (one work-group per row) and per-token-group (one work-group per group).
 //
 // SYCL has no fp8 type: fp32 -> fp8 is converted in software, bit for bit as PyTorch's conversion
 // (c10's float8 casts): round to nearest even, subnormals, NaN -> 0x7F | sign; values beyond the
 // range (never seen after the clamp) saturate (e4m3fn) or become inf (e5m2), as in PyTorch 2.13. Quantized
 // values are (x / scale) (IEEE fp32 division), clamped to +-fp8_max, converted; dynamic scales are
-// max(absmax / fp8_max, 2^-126), NaN-propagating. Output pointers are uint8_t (the fp8 bytes).
+// max(absmax / fp8_max, 2^-126), NaN-propagating; per-token-group scales max(absmax / fp8_max, eps),
+// optionally rounded up to a power of two. Output pointers are uint8_t (the fp8 bytes).
 //
 // Specialization: -DSGLJIT_T=bf16_t|fp16_t|fp32_t (input), -DQFP8_E5M2=0|1 (e4m3fn or e5m2).
 #include <sgljit/sycl/kernel.hpp>
@@ -64,6 +65,12 @@ inline uint32_t abs_bits(float x) { return sycl::bit_cast<uint32_t>(x) & 0x7ffff
 inline float scale_from_absmax(uint32_t bits) {
   const float s = sycl::bit_cast<float>(bits) / kFp8Max;
   return s < kMinScale ? kMinScale : s;  // NaN stays NaN
+}
+
+// 2^ceil(log2(s)) for a positive normal s, exactly (finite s above 2^127: inf); inf and NaN unchanged.
+inline float pow2_ceil(float s) {
+  const uint32_t b = sycl::bit_cast<uint32_t>(s);
+  return (b & 0x7fffffu) && b < 0x7f800000u ? sycl::bit_cast<float>((b | 0x7fffffu) + 1u) : s;
 }
 
 inline uint32_t group_max(uint32_t v) {
@@ -135,6 +142,33 @@ void quant_fp8_per_token(const sgljit_quant_fp8::T* in, int64_t in_stride, uint8
   const float s = scale_from_absmax(group_max(m));
   if (it.get_local_id(0) == 0) scales[row] = s;
   for (int64_t i = it.get_local_id(0); i < hidden; i += it.get_local_range(0)) {
+    o[i] = quantize(sgljit::to_float(x[i]), s);
+  }
+}
+
+// One work-group per group of `group_size` consecutive elements of a row of in (groups numbered row by
+// row, `groups_per_row` a row; row strides in elements): s = max(absmax / fp8_max, eps), rounded up to
+// a power of two when `ue8m0`, stored to scales[row * scale_stride_t + g * scale_stride_g]; the group
+// quantized with it.
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+void quant_fp8_per_token_group(const sgljit_quant_fp8::T* in, int64_t in_stride, uint8_t* out, int64_t out_stride,
+                               float* scales, int64_t scale_stride_t, int64_t scale_stride_g,
+                               int64_t groups_per_row, int64_t group_size, float eps, int32_t ue8m0) {
+  using namespace sgljit_quant_fp8;
+  auto it = syclext::this_work_item::get_nd_item<1>();
+  const int64_t group = it.get_group(0);
+  const int64_t row = group / groups_per_row, col = group - row * groups_per_row;
+  const T* x = in + row * in_stride + col * group_size;
+  uint8_t* o = out + row * out_stride + col * group_size;
+  uint32_t m = 0;
+  for (int64_t i = it.get_local_id(0); i < group_size; i += it.get_local_range(0)) {
+    m = sycl::max(m, abs_bits(sgljit::to_float(x[i])));
+  }
+  float s = sycl::bit_cast<float>(group_max(m)) / kFp8Max;
+  s = s < eps ? eps : s;  // NaN stays NaN
+  if (ue8m0) s = pow2_ceil(s);
+  if (it.get_local_id(0) == 0) scales[row * scale_stride_t + col * scale_stride_g] = s;
+  for (int64_t i = it.get_local_id(0); i < group_size; i += it.get_local_range(0)) {
     o[i] = quantize(sgljit::to_float(x[i]), s);
   }
 }

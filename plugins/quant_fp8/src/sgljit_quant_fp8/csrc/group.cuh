@@ -1,0 +1,208 @@
+// Per-token-group FP8 quantization, CUDA: the entry point of per_token_group_quant_fp8 (GroupQuantFp8)
+// and its kernel. One module per (input dtype, fp8 dtype, group size G).
+//
+// Contract: input [T, H] (any row stride, unit last stride), groups of G consecutive elements of a row.
+// Per group: s = max(absmax / fp8_max, eps) in fp32 (true division; a NaN in the group gives a NaN
+// scale, an inf an inf scale), with ue8m0 rounded up to a power of two on its bits (pow2_ceil);
+// scales[t, g] = s through both strides (row-major, column-major or any other non-overlapping layout);
+// out = quantize(x / s), bit-identical to the reference (the division and conversion of common.cuh).
+//
+// Design (memory-bound: the input read once, fp8 and scales written once): a group is held by kLanes
+// lanes (8 for 16-bit inputs at G = 128), lane l holding its vectors l + k * kLanes, so each load
+// instruction of a warp covers whole 128-byte lines; a warp holds 32 / kLanes groups side by side, and
+// each lane R groups ("rounds": R = 1, 2 or 4, the largest that still gives about
+// GroupConfig::kThreadsPerSm threads per SM), every load issued before the first use. The absmax is
+// reduced by log2(kLanes) shuffles. Groups are numbered row by row and a block's are consecutive (one
+// contiguous range of a row, or a few rows). Data whose pointer or row stride is not a multiple of 16
+// bytes runs the same kernel with one-element vectors. Launched with PDL; grids of up to one block per
+// SM prefetch their groups into L2 before the wait (as the rows kernel).
+#pragma once
+
+#include "common.cuh"
+
+#include <sgljit/tensor.h>
+
+#include <cstdint>
+
+namespace sgljit_quant_fp8 {
+
+using namespace sgljit;
+
+struct GroupConfig {
+  static constexpr int kThreads = 128;       // block size, as the rows kernel's
+  static constexpr int kVecsPerLane = 2;     // vectors of one group per lane: 8 lanes for 128 bf16
+  static constexpr int kMaxRounds = 4;       // groups per lane: 8 vectors (128 B) in flight, as kChunkMaxN
+  static constexpr int kThreadsPerSm = 512;  // the rounds choice aims at this (rows kernel's rule)
+  // Group indices are int32: the largest grid's last block may index R * groups-per-block past the end.
+  static constexpr int64_t kMaxGroups = INT32_MAX - 4096;
+};
+
+// 2^ceil(log2(s)) for a positive normal s, exactly (finite s above 2^127: inf); inf and NaN unchanged.
+SGLJIT_DEVICE float pow2_ceil(float s) {
+  const uint32_t b = __float_as_uint(s);
+  return (b & 0x7fffffu) && b < 0x7f800000u ? __uint_as_float((b | 0x7fffffu) + 1u) : s;
+}
+
+// How a group of G elements maps onto lanes for VEC-element vectors.
+template <int G, int VEC>
+struct GroupShape {
+  static constexpr int kVecs = G / VEC;
+  static constexpr int kLanes = kVecs / GroupConfig::kVecsPerLane >= 32 ? 32
+                                : kVecs / GroupConfig::kVecsPerLane >= 1 ? kVecs / GroupConfig::kVecsPerLane
+                                                                         : 1;
+  static constexpr int kPerLane = kVecs / kLanes;  // vectors per lane
+  static constexpr int kPerBlock = GroupConfig::kThreads / kLanes;  // groups per block and round
+  static_assert(G % VEC == 0 && kVecs % kLanes == 0 && (kLanes & (kLanes - 1)) == 0, "GroupShape");
+};
+
+template <typename T>
+struct GroupArgs {
+  const T* in;
+  int64_t in_stride;
+  uint8_t* out;
+  int64_t out_stride;
+  float* scales;
+  int64_t scale_stride_t, scale_stride_g;
+  int num_groups, groups_per_row;
+  float eps;
+  bool ue8m0;
+  bool prefetch;  // prefetch the block's groups into L2 before the PDL wait (16-byte vectors only)
+};
+
+template <typename T, typename Q, int G, int VEC, int R>
+__global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const GroupArgs<T> a) {
+  using IO = Io<T, VEC>;
+  using S = GroupShape<G, VEC>;
+  constexpr int L = S::kLanes, K = S::kPerLane;
+  const int lane = threadIdx.x % L;
+  const int first = blockIdx.x * (R * S::kPerBlock) + threadIdx.x / L;
+  // Out-of-range groups load the last group (clamped, so every load is unpredicated and issued before
+  // the first use) and store nothing.
+  int row[R], col[R];
+  const T* src[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int gi = min(first + r * S::kPerBlock, a.num_groups - 1);
+    row[r] = gi / a.groups_per_row;
+    col[r] = gi - row[r] * a.groups_per_row;
+    src[r] = a.in + row[r] * a.in_stride + int64_t(col[r]) * G;
+  }
+  if constexpr (sizeof(T) * VEC == 16) {
+    if (a.prefetch && lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) prefetch_l2_bulk(src[r], G * sizeof(T));
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+
+  typename IO::V x[R][K];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) x[r][k] = IO::template load<true>(src[r] + (lane + k * L) * VEC);
+  }
+  // A group's lanes shuffle among themselves (they agree on whether it is in range): a round out of
+  // range ends the lane's work, and every later round is further out.
+  const unsigned group_mask = L == 32 ? kFullMask : ((1u << L) - 1) << (threadIdx.x % 32 & ~(L - 1));
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (first + r * S::kPerBlock >= a.num_groups) break;
+    AbsMax<T, VEC> acc;
+#pragma unroll
+    for (int k = 0; k < K; ++k) acc.add(x[r][k]);
+    uint32_t m = acc.bits();
+#pragma unroll
+    for (int off = L / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(group_mask, m, off));
+    float s = __fdiv_rn(__uint_as_float(m), Fp8<Q>::kMax);
+    s = s < a.eps ? a.eps : s;  // NaN compares false: stays NaN
+    if (a.ue8m0) s = pow2_ceil(s);
+    if (lane == 0) a.scales[row[r] * a.scale_stride_t + col[r] * a.scale_stride_g] = s;
+    uint8_t* dst = a.out + row[r] * a.out_stride + int64_t(col[r]) * G;
+    const Divider div(s);
+    if (Divider::fast(s)) {
+      // s >= absmax / fp8_max bounds every quotient; m's sign bit is 0 (see Io::opaque)
+      constexpr int kMode = kFastQuotient<T, true>;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        IO::template quantize_store<Q, kMode>(IO::opaque(x[r][k], m >> 31), div, dst + (lane + k * L) * VEC);
+      }
+    } else {
+      // NaN, inf or extreme scales: re-read (from L2) rather than keep the registers live on both paths
+      for (int k = 0; k < K; ++k) {
+        const int j = (lane + k * L) * VEC;
+        IO::template quantize_store<Q, kDivide>(IO::template load<false>(src[r] + j), div, dst + j);
+      }
+    }
+  }
+}
+
+// The entry point. Shapes, strides, dtypes, devices and overlap were checked by the code sgljit.op
+// generates from the op's declared arguments (ops.py): input [T, H] and out [T, H] with unit last
+// stride, scales fp32 [T, groups] (any strides, elements distinct), 32 <= group_size <= 128, eps a
+// positive normal fp32 value. Here what the spec cannot say (with the messages of ops.py's
+// _check_groups) and what this module adds.
+template <typename T, typename Q, int G>
+struct GroupQuantFp8 {
+  static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
+
+  static void run(TensorView input, TensorView out, TensorView scales, int64_t group_size, double eps,
+                  bool scale_ue8m0) {
+    SGLJIT_CHECK(same_dtype(input.dtype(), DTypeTrait<T>::value), "input: this module was compiled for dtype ",
+                 dtype_name(DTypeTrait<T>::value), ", got ", dtype_name(input.dtype()));
+    SGLJIT_CHECK(same_dtype(out.dtype(), DTypeTrait<Q>::value), "out: this module was compiled for dtype ",
+                 dtype_name(DTypeTrait<Q>::value), ", got ", dtype_name(out.dtype()));
+    RuntimeCheck(group_size == G, "group_size: this module was compiled for group size ", G, ", got ", group_size);
+    const int64_t rows = input.size(0), hidden = input.size(1);
+    RuntimeCheck(hidden % G == 0, "group_size: must divide input's last dimension ", hidden, ", got ", G);
+    const int64_t per_row = hidden / G;
+    RuntimeCheck(scales.size(1) == per_row, "scales: dimension 1 expected ", per_row,
+                 " (input's last dimension / group_size), got ", scales.size(1));
+    const int64_t groups = rows * per_row;
+    if (groups == 0) return;
+    RuntimeCheck(groups <= GroupConfig::kMaxGroups, "input: more than ", GroupConfig::kMaxGroups,
+                 " groups are not supported, got ", groups);
+    GroupArgs<T> a{};
+    a.in = static_cast<const T*>(input.data_ptr());
+    a.in_stride = input.stride(0);
+    a.out = static_cast<uint8_t*>(out.data_ptr());
+    a.out_stride = out.stride(0);
+    a.scales = static_cast<float*>(scales.data_ptr());
+    a.scale_stride_t = scales.stride(0);
+    a.scale_stride_g = scales.stride(1);
+    a.num_groups = int(groups);
+    a.groups_per_row = int(per_row);
+    a.eps = static_cast<float>(eps);
+    a.ue8m0 = scale_ue8m0;
+    const bool vec_ok = aligned(a.in, 16) && aligned(a.out, kVec) &&
+                        (rows == 1 || (a.in_stride % kVec == 0 && a.out_stride % kVec == 0));
+    if (vec_ok) {
+      launch<kVec>(a, input.device());
+    } else {
+      launch<1>(a, input.device());
+    }
+  }
+
+  template <int VEC>
+  static void launch(GroupArgs<T> a, DLDevice dev) {
+    using S = GroupShape<G, VEC>;
+    const int64_t threads = int64_t(a.num_groups) * S::kLanes;  // at one round
+    const int64_t target = int64_t(num_sms(dev.device_id)) * GroupConfig::kThreadsPerSm;
+    static_assert(GroupConfig::kMaxRounds == 4, "launch: rounds 1, 2, 4");
+    const int R = threads >= 4 * target ? 4 : threads >= 2 * target ? 2 : 1;
+    const int64_t grid = div_ceil<int64_t>(a.num_groups, int64_t(R) * S::kPerBlock);
+    a.prefetch = grid <= num_sms(dev.device_id);
+    auto go = [&](auto kernel) {
+      LaunchKernel(kernel, dim3(grid), dim3(GroupConfig::kThreads), 0, dev, "per_token_group_quant_fp8").pdl()(a);
+    };
+    if (R == 4) {
+      go(group_kernel<T, Q, G, VEC, 4>);
+    } else if (R == 2) {
+      go(group_kernel<T, Q, G, VEC, 2>);
+    } else {
+      go(group_kernel<T, Q, G, VEC, 1>);
+    }
+  }
+};
+
+}  // namespace sgljit_quant_fp8
