@@ -305,3 +305,28 @@ def test_generated_eager_path_keeps_every_check():
     assert ran == [("OnCuda", 1.0, True), ("OnCuda", 2.0, False)]
     with pytest.raises(ValueError, match=r"_sgljit_x"):
         fam.op("test_op_fast_bad", args={"_sgljit_x": Tensor(4)}, reference=print)
+
+
+def test_written_tensors_must_not_share_memory():
+    """Two outputs of one call sharing memory would race: refused when both are contiguous and their
+    ranges meet (Python here, the same rule in the generated C++); strided views that interleave
+    (heads of one qkv buffer) are accepted."""
+    op = family.op(
+        "test_op_two_outs",
+        args={
+            "input": Tensor("n"),
+            "a": Tensor("n", dtype="input", layout="strided", io="out"),
+            "b": Tensor("n", dtype="input", layout="strided", io="out"),
+        },
+        reference=lambda input, a, b: (a.copy_(input), b.copy_(input)),
+        cuda=Cuda("k.cuh", "K::run", key=lambda input, *_: (input.dtype,), params=()),
+    )
+    x, buf = torch.randn(4), torch.empty(12)
+    op(x, buf[:4], buf[4:8])  # adjacent, disjoint
+    with pytest.raises(ValueError, match=r"^b: sgljit writes it and a, and the two share memory"):
+        op(x, buf[:4], buf[2:6])
+    pairs = buf.view(4, 3)  # columns: strided, interleaved ranges, distinct elements
+    op(x, pairs[:, 0], pairs[:, 1])
+    torch.testing.assert_close(pairs[:, 1], x)
+    cpp = op.cpp_checks("f", "K::run")
+    assert 'check_disjoint(a, "a", b, "b");' in cpp

@@ -337,6 +337,14 @@ class Op:
                     f"{name}: expected a tensor on {device} (same as the tensors before it), "
                     f"got one on {value.device}"
                 )
+        written = [(n, args[i]) for i, n in self._tensor_index if self.args[n].written]
+        for i, (a_name, a) in enumerate(written):
+            for b_name, b in written[i + 1 :]:
+                if a.is_contiguous() and b.is_contiguous() and _share_memory(a, b):
+                    raise ValueError(
+                        f"{b_name}: sgljit writes it and {a_name}, and the two share memory; "
+                        "pass separate tensors"
+                    )
 
     # -- modules ---------------------------------------------------------------------------------
     def _cuda_miss(self, args: tuple):
@@ -394,6 +402,9 @@ class Op:
                 m += ".writable()"
             lines.append(f'  {m}.verify({name}, "{name}");')
             first = False
+        for i, a in enumerate(self.writes):
+            for b in self.writes[i + 1 :]:
+                lines.append(f'  check_disjoint({a}, "{a}", {b}, "{b}");')
         call = ", ".join(self.params)
         body = "\n".join(lines)
         return f"inline void {function}({', '.join(params)}) {{\n{body}\n  {target}({call});\n}}\n"
@@ -561,6 +572,19 @@ def as_rows(t: Any, name: str, written: bool = False) -> Any:
             f"{name}: written in place, so its leading dimensions must collapse into rows of one "
             f"stride; got shape {list(t.shape)} with strides {list(t.stride())}"
         ) from None
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges of two non-empty tensors meet (the C++ check_disjoint's rule)."""
+
+    def byte_range(t):
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = byte_range(a), byte_range(b)
+    return a_lo < b_hi and b_lo < a_hi
 
 
 def may_overlap(t: torch.Tensor) -> bool:

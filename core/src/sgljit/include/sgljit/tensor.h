@@ -422,4 +422,24 @@ class TensorMatcher {
   std::optional<DLDeviceType> device_type_;
 };
 
+// Two tensors one call writes must not share memory (the kernels' writes would race). Refused when
+// both are contiguous and their byte ranges meet; ranges of strided views may interleave without
+// sharing an element (q and k heads of one qkv buffer), so those are accepted.
+inline void check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+  auto range = [](const TensorView& t, uintptr_t& lo, uintptr_t& hi) {
+    int64_t last = 0;
+    for (int64_t i = 0; i < t.ndim(); ++i) {
+      if (t.size(i) == 0) return false;
+      last += (t.size(i) - 1) * t.stride(i);
+    }
+    lo = reinterpret_cast<uintptr_t>(t.data_ptr());
+    hi = lo + static_cast<uintptr_t>(last + 1) * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
+    return true;
+  };
+  uintptr_t a_lo, a_hi, b_lo, b_hi;
+  if (!range(a, a_lo, a_hi) || !range(b, b_lo, b_hi) || a_hi <= b_lo || b_hi <= a_lo) return;
+  SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()), b_name, ": sgljit writes it and ", a_name,
+               ", and the two share memory; pass separate tensors");
+}
+
 }  // namespace sgljit
