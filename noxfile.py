@@ -21,7 +21,9 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 PLUGINS = sorted(str(p) for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PACKAGES = [str(ROOT / "core"), *(str(Path(p).parent) for p in PLUGINS)]
 SYCL_RUNTIME = ("intel-sycl-rt==2026.1.2", "intel-opencl-rt==2026.1.2")
-TEST_DEPS = ("pytest", "numpy", "hatchling")
+# transformers and diffusers: the integration tests patch tiny models of both (not dependencies of
+# the packages; pinned so that a release cannot change the patched code under CI's feet).
+TEST_DEPS = ("pytest", "numpy", "hatchling", "transformers==5.24.0", "diffusers==0.42.1")
 
 nox.options.sessions = ["lint", "tests-cpu", "tests-xpu", "build"]
 nox.options.reuse_existing_virtualenvs = True

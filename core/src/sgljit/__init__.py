@@ -7,7 +7,8 @@
 Kernels live in plugins and are called as ``sgljit.ops.<name>(...)``. Building blocks for writing
 kernels: :func:`load_jit` (CUDA/C++ through tvm-ffi), :func:`load_jit_sycl` (SYCL), :func:`make_cpp_args`,
 :func:`cache_once`, and :mod:`sgljit.op` (declaring ops: ``Family``, ``Tensor``, ``Scalar``, ``Cuda``,
-``Sycl``, ``Case``). Heavy imports (torch, tvm-ffi) happen on first use.
+``Sycl``, ``Case``). Torch modules over the kernels: :mod:`sgljit.nn`; one-line patches of Hugging
+Face models: :mod:`sgljit.integrations`. Heavy imports (torch, tvm-ffi) happen on first use.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ __all__ = [
     "__version__",
     "cache_once",
     "clear_module_cache",
+    "integrations",
     "load_jit",
     "load_jit_sycl",
     "make_cpp_args",
+    "nn",
     "ops",
     "select_backend",
     "use_backend",
@@ -45,6 +48,8 @@ _LAZY = {
     "select_backend": ("backend", "select_backend"),
     "use_backend": ("backend", "use_backend"),
     "ops": ("ops", None),
+    "nn": ("nn", None),
+    "integrations": ("integrations", None),
 }
 
 

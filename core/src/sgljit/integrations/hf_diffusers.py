@@ -1,0 +1,124 @@
+"""diffusers: ``get_timestep_embedding`` (and so every ``Timesteps`` module) on sgljit's
+``timestep_embedding`` kernel.
+
+sgljit's op takes every argument of diffusers' function (``flip_sin_to_cos``,
+``downscale_freq_shift``, ``scale``, ``max_period``) with its meaning, and returns float32 as
+diffusers does. The patched function calls diffusers' own for what the kernel does not take
+exactly: timesteps that need autograd or are not a 1-D real tensor, an ``embedding_dim`` that is
+not a positive int, non-finite or tensor-valued scalars, ``downscale_freq_shift == embedding_dim
+// 2`` (diffusers divides by zero there), a max_period that is not positive.
+
+Numerics: the sin/cos argument is ``t * freq * scale`` in float32 in both; diffusers' float32
+``exp`` for ``freq`` may be an ulp off the kernel's correctly rounded one, so the two differ by up
+to ``|t * scale| * 1.2e-7`` (about 1e-4 at t = 1000), plus 1e-6 for sin/cos.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+import sys
+
+import torch
+
+from .. import nn, ops
+from . import _patching
+
+__all__ = ["apply_to_diffusers"]
+
+_PARAMETERS = {
+    "timesteps": inspect.Parameter.empty,
+    "embedding_dim": inspect.Parameter.empty,
+    "flip_sin_to_cos": False,
+    "downscale_freq_shift": 1,
+    "scale": 1,
+    "max_period": 10000,
+}
+
+
+def apply_to_diffusers() -> None:
+    """Run diffusers' ``get_timestep_embedding`` on the sgljit kernel: in
+    ``diffusers.models.embeddings`` (``Timesteps`` calls it from there) and in every diffusers
+    module already imported that bound it by name (modules imported later bind the patched one)."""
+    try:
+        from diffusers.models import embeddings
+    except ImportError as err:
+        raise ImportError(
+            "sgljit.integrations.apply_to_diffusers needs diffusers (pip install diffusers); "
+            "sgljit itself does not depend on it"
+        ) from err
+    _patching.require_op("timestep_embedding")
+    original = _patching.original(embeddings, "get_timestep_embedding")
+    _check_signature(original)
+    patched = _timestep_function(original)
+    _patching.patch(embeddings, "get_timestep_embedding", patched)
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("diffusers.")
+            and module is not None
+            and module is not embeddings
+            and vars(module).get("get_timestep_embedding") is original
+        ):
+            _patching.patch(module, "get_timestep_embedding", patched)
+
+
+def _check_signature(original) -> None:
+    import diffusers
+
+    params = inspect.signature(original).parameters
+    found = {name: p.default for name, p in params.items()}
+    if found != _PARAMETERS:
+        raise RuntimeError(
+            f"diffusers {diffusers.__version__}: get_timestep_embedding{inspect.signature(original)} "
+            f"is not the function sgljit's timestep_embedding implements "
+            f"({', '.join(f'{k}={v}' for k, v in _PARAMETERS.items())}); not patched"
+        )
+
+
+def _finite(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _fits(timesteps, embedding_dim, downscale_freq_shift, scale, max_period) -> bool:
+    if not isinstance(timesteps, torch.Tensor) or timesteps.dim() != 1:
+        return False
+    if timesteps.is_complex() or timesteps.dtype == torch.bool:
+        return False
+    if timesteps.device.type not in nn.KERNEL_DEVICES or (
+        timesteps.requires_grad and torch.is_grad_enabled()
+    ):
+        return False
+    if type(embedding_dim) is not int or embedding_dim < 1:
+        return False
+    if not (_finite(downscale_freq_shift) and _finite(scale) and _finite(max_period)):
+        return False
+    half = embedding_dim // 2
+    return max_period > 0 and not (half > 0 and half == downscale_freq_shift)
+
+
+def _timestep_function(original):
+    @functools.wraps(original)
+    def get_timestep_embedding(
+        timesteps,
+        embedding_dim,
+        flip_sin_to_cos=False,
+        downscale_freq_shift=1,
+        scale=1,
+        max_period=10000,
+    ):
+        if _fits(timesteps, embedding_dim, downscale_freq_shift, scale, max_period):
+            return ops.timestep_embedding(
+                timesteps,
+                embedding_dim,
+                flip_sin_to_cos=bool(flip_sin_to_cos),
+                downscale_freq_shift=float(downscale_freq_shift),
+                scale=float(scale),
+                max_period=float(max_period),
+            )
+        return original(
+            timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period
+        )
+
+    return get_timestep_embedding

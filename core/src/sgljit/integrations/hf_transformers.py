@@ -1,0 +1,268 @@
+"""Hugging Face transformers: the RMSNorms and rope of Llama, Mistral, Qwen2, Qwen3 (its per-head
+q_norm/k_norm too), Gemma 2 and Gemma 3 on sgljit's kernels.
+
+What is patched, in the model family's modeling module (``transformers.models.<family>.modeling_<family>``):
+
+- ``<Family>RMSNorm.forward`` (the class, so models created before and after the patch both use it)
+  becomes :class:`sgljit.nn.RMSNorm`'s or :class:`sgljit.nn.GemmaRMSNorm`'s forward: the
+  ``rmsnorm``/``gemma_rmsnorm`` kernel, or HF's formula when autograd needs a graph or the weight's
+  dtype differs from the input's.
+- ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``: HF passes cos/sin already gathered for
+  each token (``[B, S, D]``, ``cos = cos(cat(freqs, freqs)) * attention_scaling`` in the model's
+  dtype, every rope type of these families). Its first half per token is exactly a row of an
+  ``apply_rope`` table: the call builds that ``[B*S, D]`` float32 table, positions ``0..B*S-1``, and
+  rotates copies of q and k in one kernel (neox pairs = ``rotate_half``). Any other call (partial
+  rotary, another ``unsqueeze_dim``, cos in another dtype, grad needed) runs HF's function.
+
+Before patching, each replacement is checked against the installed transformers on small CPU
+tensors (the norm formula bit for bit, the rope convention to 1e-6): a version whose code has
+changed is refused with an error instead of being patched wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+import torch
+
+from .. import nn, ops
+from . import _patching
+
+__all__ = [
+    "FAMILIES",
+    "apply_to_gemma2",
+    "apply_to_gemma3",
+    "apply_to_llama",
+    "apply_to_mistral",
+    "apply_to_model",
+    "apply_to_qwen2",
+    "apply_to_qwen3",
+]
+
+# family -> (its RMSNorm class, which formula it computes)
+FAMILIES = {
+    "llama": ("LlamaRMSNorm", "llama"),
+    "mistral": ("MistralRMSNorm", "llama"),
+    "qwen2": ("Qwen2RMSNorm", "llama"),
+    "qwen3": ("Qwen3RMSNorm", "llama"),
+    "gemma2": ("Gemma2RMSNorm", "gemma"),
+    "gemma3": ("Gemma3RMSNorm", "gemma"),
+}
+# formula -> (the forward that replaces HF's, HF's formula, the eps attribute, the op it calls)
+_NORMS = {
+    "llama": (nn.RMSNorm.forward, nn.llama_rms_norm, "variance_epsilon", "rmsnorm"),
+    "gemma": (nn.GemmaRMSNorm.forward, nn.gemma_rms_norm, "eps", "gemma_rmsnorm"),
+}
+_ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
+
+
+def apply_to_llama(*, rms_norm: bool = True, rope: bool = True) -> None:
+    """Run Llama's RMSNorm and rope on sgljit kernels (every Llama model, existing or future)."""
+    _apply("llama", rms_norm=rms_norm, rope=rope)
+
+
+def apply_to_mistral(*, rms_norm: bool = True, rope: bool = True) -> None:
+    """Run Mistral's RMSNorm and rope on sgljit kernels."""
+    _apply("mistral", rms_norm=rms_norm, rope=rope)
+
+
+def apply_to_qwen2(*, rms_norm: bool = True, rope: bool = True) -> None:
+    """Run Qwen2's RMSNorm and rope on sgljit kernels."""
+    _apply("qwen2", rms_norm=rms_norm, rope=rope)
+
+
+def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True) -> None:
+    """Run Qwen3's RMSNorms (hidden and the per-head q_norm/k_norm) and rope on sgljit kernels."""
+    _apply("qwen3", rms_norm=rms_norm, rope=rope)
+
+
+def apply_to_gemma2(*, rms_norm: bool = True, rope: bool = True) -> None:
+    """Run Gemma 2's RMSNorms (``(1 + weight)``) and rope on sgljit kernels."""
+    _apply("gemma2", rms_norm=rms_norm, rope=rope)
+
+
+def apply_to_gemma3(*, rms_norm: bool = True, rope: bool = True) -> None:
+    """Run Gemma 3's RMSNorms (``(1 + weight)``, q_norm/k_norm too) and rope on sgljit kernels."""
+    _apply("gemma3", rms_norm=rms_norm, rope=rope)
+
+
+def apply_to_model(
+    model: torch.nn.Module, *, rms_norm: bool = True, rope: bool = True
+) -> list[str]:
+    """Patch every supported family whose modules ``model`` contains; returns their names.
+
+    The patch is on the families' classes and modeling modules, so it also covers other models of
+    those families in this process (as the per-family functions do)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    prefix = "transformers.models."
+    found: list[str] = []
+    seen: set[str] = set()
+    for module in model.modules():
+        name = type(module).__module__
+        if name.startswith(prefix):
+            family = name[len(prefix) :].split(".")[0]
+            seen.add(family)
+            if family in FAMILIES and family not in found:
+                found.append(family)
+    if not found:
+        raise ValueError(
+            f"model: {type(model).__name__} has no module of a family sgljit patches "
+            f"({', '.join(FAMILIES)}); its transformers modules are from: "
+            f"{', '.join(sorted(seen)) or 'none'}"
+        )
+    for family in found:
+        _apply(family, rms_norm=rms_norm, rope=rope)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _modeling(family: str):
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(
+            "sgljit.integrations needs Hugging Face transformers (pip install transformers); "
+            "sgljit itself does not depend on it"
+        ) from err
+    try:
+        return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    except ImportError as err:
+        raise ImportError(
+            f"transformers {transformers.__version__} has no {family} model ({err})"
+        ) from err
+
+
+def _apply(family: str, *, rms_norm: bool, rope: bool) -> None:
+    modeling = _modeling(family)
+    if rms_norm:
+        cls_name, formula = FAMILIES[family]
+        cls = getattr(modeling, cls_name)
+        forward, reference, eps_attr, op = _NORMS[formula]
+        _patching.require_op(op)
+        _check_norm(cls, reference, eps_attr)
+        _patching.patch(cls, "forward", forward)
+    if rope:
+        _patching.require_op("apply_rope")
+        original = _patching.original(modeling, "apply_rotary_pos_emb")
+        _check_rope(original, family)
+        _patching.patch(modeling, "apply_rotary_pos_emb", _rope_function(original))
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _check_norm(cls: type, reference, eps_attr: str) -> None:
+    """HF's forward (the original) must equal ``reference`` bit for bit on the CPU, in float32 and
+    bfloat16, and keep its weight and eps where sgljit's forward reads them."""
+    forward = _patching.original(cls, "forward")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 16, generator=g) * 3
+    w = torch.randn(16, generator=g)
+    with torch.device("cpu"), torch.no_grad():
+        module = cls(16, eps=1e-5)
+        if getattr(module, eps_attr, None) != 1e-5 or getattr(module, "weight", None) is None:
+            raise RuntimeError(
+                f"transformers {_version()}: {cls.__name__} no longer keeps its eps in "
+                f".{eps_attr} and its weight in .weight; sgljit cannot patch it"
+            )
+        for dtype in (torch.float32, torch.bfloat16):
+            module.to(dtype).weight.copy_(w)
+            xd = x.to(dtype)
+            if not torch.equal(forward(module, xd), reference(xd, module.weight, 1e-5)):
+                raise RuntimeError(
+                    f"transformers {_version()}: {cls.__name__}.forward no longer computes what "
+                    f"sgljit.nn.{reference.__name__} does; sgljit cannot patch it"
+                )
+
+
+def _check_rope(original, family: str) -> None:
+    """HF's ``apply_rotary_pos_emb`` must take (q, k, cos, sin, unsqueeze_dim) and rotate neox
+    pairs by the first half of cos/sin, as the kernel route does."""
+    params = list(inspect.signature(original).parameters)
+    if params != _ROPE_PARAMETERS:
+        raise RuntimeError(
+            f"transformers {_version()}: {family}'s apply_rotary_pos_emb takes ({', '.join(params)}), "
+            f"not ({', '.join(_ROPE_PARAMETERS)}); pass rope=False to patch only the norms"
+        )
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 1, 5, 8, generator=g)
+    angles = torch.randn(2, 5, 4, generator=g)
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    expected = original(q, k, cos, sin)
+    got = _rope_math(q, k, cos, sin)
+    if not all(torch.allclose(e, r, atol=1e-6) for e, r in zip(expected, got, strict=True)):
+        raise RuntimeError(
+            f"transformers {_version()}: {family}'s apply_rotary_pos_emb no longer rotates "
+            "(i, i + D/2) pairs by cos/sin as given; pass rope=False to patch only the norms"
+        )
+
+
+def _rope_math(q, k, cos, sin):
+    """What the kernel route computes (in torch): neox rotation by the first half of cos/sin."""
+    half = q.shape[-1] // 2
+    c, s = cos[..., :half].unsqueeze(1).float(), sin[..., :half].unsqueeze(1).float()
+
+    def rotate(x):
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def _rope_fits(q, k, cos, sin) -> bool:
+    """q [B, Hq, S, D], k [B, Hk, S, D], cos/sin [1 or B, S, D], all of one dtype and device, no
+    autograd, B * S > 0 and D even (full rotary)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+        return False
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or not nn.kernel_can_run(q, k, cos, sin):
+        return False
+    b, _, s, d = q.shape
+    return (
+        b * s > 0
+        and d > 0
+        and d % 2 == 0
+        and k.shape[0] == b
+        and k.shape[2:] == q.shape[2:]
+        and sin.shape == cos.shape
+        and cos.shape[1:] == (s, d)
+        and cos.shape[0] in (1, b)
+    )
+
+
+def _rope_kernel(q, k, cos, sin):
+    """New q, k (as [B, H, S, D] views of [B, S, H, D] buffers, HF's own layout)."""
+    b, hq, s, d = q.shape
+    hk, rows, half = k.shape[1], cos.shape[0] * s, d // 2
+    cache = torch.empty(cos.shape[0], s, d, dtype=torch.float32, device=q.device)
+    cache[..., :half].copy_(cos[..., :half])
+    cache[..., half:].copy_(sin[..., :half])
+    positions = torch.arange(rows, device=q.device)
+    if cos.shape[0] != b:  # one row of cos/sin per position, shared by the batch
+        positions = positions.repeat(b)
+    q_out = torch.empty(b, s, hq, d, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(b, s, hk, d, dtype=k.dtype, device=k.device)
+    q_out.copy_(q.transpose(1, 2))
+    k_out.copy_(k.transpose(1, 2))
+    ops.apply_rope(
+        q_out.view(b * s, hq, d), k_out.view(b * s, hk, d), cache.view(rows, d), positions
+    )
+    return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def _rope_function(original):
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if unsqueeze_dim == 1 and _rope_fits(q, k, cos, sin):
+            return _rope_kernel(q, k, cos, sin)
+        return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    return apply_rotary_pos_emb

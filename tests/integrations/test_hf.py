@@ -1,0 +1,312 @@
+"""sgljit.integrations on Hugging Face transformers: tiny randomly initialised models of every
+supported family, built from configs (nothing downloaded), patched against unpatched.
+
+On each backend (the reference and the SYCL kernels on CPU tensors, CUDA on a GPU): float32 logits
+agree to 1e-5 and 32 greedy tokens are identical; bfloat16 logits agree within bf16 rounding and
+are no further from the float32 model's than HF's own bfloat16 logits are. The spy checks that the
+kernels really ran (norms of every width, q_norm/k_norm included, and rope). Under autograd nothing
+runs on a kernel and gradients are HF's exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+
+import pytest
+import torch
+
+import sgljit
+import sgljit.integrations as sgl
+
+from ..plugins.common import BACKENDS
+from .conftest import called
+
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (the nox sessions install it)"
+)
+
+HIDDEN, HEAD_DIM, VOCAB, STEPS = 128, 64, 128, 32
+COMMON = dict(
+    hidden_size=HIDDEN,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=HEAD_DIM,
+    vocab_size=VOCAB,
+    max_position_embeddings=256,
+)
+GEMMA = dict(query_pre_attn_scalar=HEAD_DIM, sliding_window=16)  # 16 < prompt + 32 steps
+MODELS = {  # family -> (config class, model class, config extras)
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA),
+}
+PER_HEAD_NORMS = {"qwen3", "gemma3"}  # q_norm / k_norm over head_dim
+
+
+def norm_op(family: str) -> str:
+    return "gemma_rmsnorm" if family.startswith("gemma") else "rmsnorm"
+
+
+@pytest.fixture(autouse=True)
+def _revert():
+    yield
+    sgl.revert()
+
+
+def build(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The family's tiny model, seeded; norm weights random too (HF starts them at 1 / 0, which
+    would hide a kernel that ignored its weight)."""
+    config_cls, model_cls, extra = MODELS[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    model = getattr(transformers, model_cls)(config).to(device=device, dtype=dtype).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0 if family.startswith("gemma") else 1.0, 0.2)
+    return model
+
+
+def prompt(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, 8), generator=g).to(device)
+    return ids, torch.ones_like(ids)
+
+
+def run(model, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits of the prompt, the prompt + 32 greedy tokens)."""
+    ids, mask = prompt(device)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits.float()
+        tokens = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=STEPS,
+            min_new_tokens=STEPS,
+            do_sample=False,
+        )
+    return logits, tokens
+
+
+@functools.cache
+def unpatched(family: str, dtype: torch.dtype, device: str):
+    """HF's results (computed before any patch: the autouse fixture reverts after each test)."""
+    return run(build(family, dtype, device), device)
+
+
+# ------------------------------------------------------------------------------------------------
+# Patched models against unpatched ones
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", MODELS)
+def test_float32_logits_and_greedy_tokens(family, backend, backend_env, op_calls):
+    device, ctx = backend_env
+    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
+    model = build(family, torch.float32, device)
+    with ctx():
+        assert sgl.apply_to_model(model) == [family]
+        logits, tokens = run(model, device)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    assert tokens.shape == (2, 8 + STEPS)
+    assert torch.equal(tokens, expected_tokens)
+    assert op_calls[norm_op(family), HIDDEN] > 0
+    if family in PER_HEAD_NORMS:
+        assert op_calls[norm_op(family), HEAD_DIM] > 0
+    assert op_calls["apply_rope", HEAD_DIM] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", MODELS)
+def test_bfloat16_logits(family, backend, backend_env, op_calls):
+    """Within bf16 rounding of HF's bf16 logits, and no further from the float32 model's (HF
+    rounds the norm and rope more often than the kernels do)."""
+    device, ctx = backend_env
+    exact, _ = unpatched(family, torch.float32, device)
+    model = build(family, torch.bfloat16, device)
+    ids, mask = prompt(device)
+    with torch.no_grad():
+        hf = model(ids, attention_mask=mask).logits.float()
+    with ctx():
+        sgl.apply_to_model(model)
+        with torch.no_grad():
+            ours = model(ids, attention_mask=mask).logits.float()
+    assert called(op_calls, norm_op(family)) and called(op_calls, "apply_rope")
+    torch.testing.assert_close(ours, hf, rtol=0, atol=2e-2)
+    assert (ours - exact).abs().max() <= 1.5 * (hf - exact).abs().max()
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_training_runs_hf_code(family, op_calls):
+    """Under autograd the patched model runs HF's own formulas: same loss and gradients, bit for
+    bit, and no kernel call."""
+    ids, _ = prompt("cpu")
+    grads = []
+    for patch in (False, True):
+        model = build(family).train()
+        if patch:
+            sgl.apply_to_model(model)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads.append([loss.detach()] + [p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    assert not op_calls
+
+
+# ------------------------------------------------------------------------------------------------
+# The pieces
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cos_batch", [1, 3])
+def test_rope_function(backend, backend_env, op_calls, dtype, cos_batch):
+    """The patched apply_rotary_pos_emb against HF's on [B, H, S, D] views (HF's layout), cos/sin
+    shared by the batch or per sequence; the inputs are left as they were."""
+    from transformers.models.llama import modeling_llama
+
+    device, ctx = backend_env
+    original = modeling_llama.apply_rotary_pos_emb
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(3, 5, 4, HEAD_DIM, generator=g).to(device, dtype).transpose(1, 2)
+    k = torch.randn(3, 5, 2, HEAD_DIM, generator=g).to(device, dtype).transpose(1, 2)
+    angles = torch.rand(cos_batch, 5, HEAD_DIM // 2, generator=g) * 50
+    emb = torch.cat((angles, angles), dim=-1).to(device)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    q0, k0 = q.clone(), k.clone()
+    expected = original(q, k, cos, sin)
+    with ctx():
+        sgl.apply_to_llama(rms_norm=False)
+        got = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    assert op_calls["apply_rope", HEAD_DIM] == 1
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    tol = {"rtol": 0, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 2e-2}
+    for e, r in zip(expected, got, strict=True):
+        assert r.shape == e.shape and r.dtype == e.dtype
+        torch.testing.assert_close(r, e, **tol)
+
+
+def test_rope_function_falls_back(op_calls):
+    """Calls the kernel route does not take exactly run HF's function."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    sgl.apply_to_llama(rms_norm=False)
+    patched = modeling_llama.apply_rotary_pos_emb
+    assert patched is not original
+    assert inspect.signature(patched) == inspect.signature(original)
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 4, 8, generator=g)
+    cos, sin = torch.randn(1, 4, 8, generator=g), torch.randn(1, 4, 8, generator=g)
+    qs, ks = q.transpose(1, 2), k.transpose(1, 2)  # [B, S, H, D]: unsqueeze_dim=2
+    cases = [
+        ((qs, ks, cos, sin), {"unsqueeze_dim": 2}),  # another layout
+        ((q, k, cos[..., :4], sin[..., :4]), {}),  # partial rotary: HF's function would fail too
+        ((q, k, cos.double(), sin.double()), {}),  # cos in another dtype (HF promotes)
+        ((q.requires_grad_(), k, cos, sin), {}),  # autograd
+    ]
+    for args, kwargs in cases:
+        try:
+            expected = original(*args, **kwargs)
+        except RuntimeError:  # HF's function refuses it: so does the patched one
+            with pytest.raises(RuntimeError):
+                patched(*args, **kwargs)
+            continue
+        got = patched(*args, **kwargs)
+        assert all(torch.equal(e, r) for e, r in zip(expected, got, strict=True))
+    assert not op_calls
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_norm_fallback_keeps_hf_dtypes(family, op_calls):
+    """A float32 weight on bfloat16 input (mixed precision): HF's result and dtype, no kernel."""
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    norm_cls = getattr(modeling, sgl.FAMILIES[family][0])
+    norm = norm_cls(HIDDEN, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_(0.5, 0.2)
+    x = torch.randn(3, HIDDEN, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = norm(x)
+        getattr(sgl, f"apply_to_{family}")()
+        got = norm(x)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert not op_calls
+
+
+def test_refuses_changed_hf_code(monkeypatch):
+    """A transformers whose RMSNorm or rope differs from what sgljit implements is not patched."""
+    from transformers.models.llama import modeling_llama
+
+    def other_norm(self, hidden_states):  # Gemma's formula under Llama's name
+        return sgljit.nn.gemma_rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", other_norm)
+    with pytest.raises(RuntimeError, match=r"LlamaRMSNorm\.forward no longer computes"):
+        sgl.apply_to_llama(rope=False)
+    monkeypatch.undo()
+
+    def old_rope(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", old_rope)
+    with pytest.raises(RuntimeError, match="pass rope=False"):
+        sgl.apply_to_llama()
+    sgl.apply_to_llama(rope=False)
+    assert modeling_llama.apply_rotary_pos_emb is old_rope
+
+
+def test_revert_and_reapply():
+    from transformers.models.qwen3 import modeling_qwen3
+
+    forward, rope = modeling_qwen3.Qwen3RMSNorm.forward, modeling_qwen3.apply_rotary_pos_emb
+    sgl.apply_to_qwen3()
+    patched_rope = modeling_qwen3.apply_rotary_pos_emb
+    assert modeling_qwen3.Qwen3RMSNorm.forward is sgljit.nn.RMSNorm.forward
+    sgl.apply_to_qwen3()  # wraps HF's function again, not its own wrapper
+    assert modeling_qwen3.apply_rotary_pos_emb.__wrapped__ is rope
+    assert modeling_qwen3.apply_rotary_pos_emb is not patched_rope
+    sgl.revert()
+    assert modeling_qwen3.Qwen3RMSNorm.forward is forward
+    assert modeling_qwen3.apply_rotary_pos_emb is rope
+
+
+def test_state_dict_of_hf_norms_loads():
+    """sgljit.nn's norms are drop-ins for HF's: same parameter and attribute names."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    for hf_cls, ours_cls, eps_attr in (
+        (LlamaRMSNorm, sgljit.nn.RMSNorm, "variance_epsilon"),
+        (Gemma3RMSNorm, sgljit.nn.GemmaRMSNorm, "eps"),
+    ):
+        hf, ours = hf_cls(HIDDEN, eps=1e-5), ours_cls(HIDDEN, eps=1e-5)
+        assert torch.equal(hf.weight, ours.weight)  # both start at HF's initial value
+        with torch.no_grad():
+            hf.weight.normal_()
+        ours.load_state_dict(hf.state_dict())
+        assert getattr(ours, eps_attr) == getattr(hf, eps_attr)
+        x = torch.randn(4, HIDDEN)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), hf(x), rtol=1e-6, atol=1e-6)
+
+
+def test_errors():
+    with pytest.raises(TypeError, match=r"model: expected a torch\.nn\.Module"):
+        sgl.apply_to_model("llama")
+    with pytest.raises(ValueError, match=r"model: Linear has no module of a family sgljit patches"):
+        sgl.apply_to_model(torch.nn.Linear(2, 2))
+
+
+def test_missing_transformers(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(ImportError, match=r"needs Hugging Face transformers \(pip install"):
+        sgl.apply_to_llama()
