@@ -25,6 +25,11 @@ qknorm_across_heads        norm.fused_inplace_qknorm_across_heads(q, k, q_weight
 apply_rope                 rope.apply_rope_inplace(q, k, cos_sin_cache, positions, *, is_neox)
 apply_rope_with_kv_cache   rope.apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache,
                            cos_sin_cache, positions, out_loc, *, is_neox)
+qknorm_rope                fused_qknorm_rope.fused_qk_norm_rope(qkv, Hq, Hk, Hv, D, eps, q_weight,
+                           k_weight, base, is_neox, position_ids, factor, low, high,
+                           attention_factor, rotary_dim) (cos/sin computed from base);
+                           diffusion.qknorm_rope.fused_inplace_qknorm_rope(q, k, q_weight,
+                           k_weight, cos_sin_cache, positions, *, is_neox, eps)
 per_tensor_quant_fp8       per_tensor_quant_fp8.per_tensor_quant_fp8(input, output_q, output_s,
                            is_static) -> None; dynamic: output_s must be zeroed first
 per_token_quant_fp8        per_token_group_quant_8bit.per_token_group_quant_8bit(input, output_q,
@@ -193,6 +198,49 @@ def load_apply_rope_with_kv_cache() -> Fn:
         i["q"], i["k"], i["v"], i["k_cache"], i["v_cache"], i["cache"], i["pos"], i["loc"],
         is_neox=True,
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# qknorm_rope: inputs qkv (the fused buffer), q, k (views into it), qw, kw, cache, pos, is_neox,
+# hq, hk, base (the cache's rope base)
+
+
+def prepare_qkv_int32(i: Inputs) -> Inputs:
+    """The int32 positions sglang's ``fused_qk_norm_rope`` takes (it refuses int64)."""
+    return {**i, "pos32": i["pos"].to(torch.int32)}
+
+
+def load_fused_qk_norm_rope(eps: float = 1e-6) -> Fn:
+    """``fused_qk_norm_rope(qkv, Hq, Hk, Hv, D, eps, qw, kw, base, is_neox, pos32, factor=1, ...)``
+    (TensorRT-LLM's kernel): RMSNorm and rope of q and k in place in the contiguous qkv buffer
+    (Hv = Hk; bf16 only, int32 positions: :func:`prepare_qkv_int32`). A warp a head, 8-byte
+    accesses at head_dim 128. Different work from sgljit's: cos/sin are computed from ``base``
+    (``__sincosf`` of position x frequency) instead of read from the cache, so it reads T x 512 B
+    less than the family's byte count, and its angles are fast-math ones; it rounds once, after the
+    rotation (sgljit rounds the normalized head too, as qknorm then apply_rope do). No bounds on
+    positions."""
+    f = jit_module("fused_qknorm_rope").fused_qk_norm_rope
+
+    def fn(i):
+        d = i["q"].shape[-1]
+        return f(
+            i["qkv"], i["hq"], i["hk"], i["hk"], d, eps, i["qw"], i["kw"], i["base"],
+            i["is_neox"], i["pos32"], 1.0, 0.0, 0.0, 1.0, i["cache"].shape[-1],
+        )  # fmt: skip
+
+    return fn
+
+
+def load_qknorm_rope(eps: float = 1e-6) -> Fn:
+    """``diffusion.qknorm_rope.fused_inplace_qknorm_rope(q, k, qw, kw, cache, pos, is_neox=, eps=)``:
+    the same contract as sgljit's (views of one head stride, fp32 cos/sin cache, int32/int64
+    positions, in place), bf16/fp16, head_dim 64/128/256. A warp a head (8-byte accesses at 128),
+    a persistent grid; rounds once, after the rotation (sgljit also rounds the normalized head, as
+    qknorm then apply_rope do); no bounds check on positions."""
+    f = jit_module("diffusion.qknorm_rope").fused_inplace_qknorm_rope
+    return lambda i: f(
+        i["q"], i["k"], i["qw"], i["kw"], i["cache"], i["pos"], is_neox=i["is_neox"], eps=eps
+    )
 
 
 # ------------------------------------------------------------------------------------------------

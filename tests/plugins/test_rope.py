@@ -1,6 +1,6 @@
-"""sgljit-rope: apply_rope and apply_rope_with_kv_cache on every backend, beyond the conformance
-suite (tests/plugins/test_conformance.py: the ops' declared cases, bad inputs generated from their
-specs, torch.compile and CUDA graphs).
+"""sgljit-rope: apply_rope, apply_rope_with_kv_cache and qknorm_rope on every backend, beyond the
+conformance suite (tests/plugins/test_conformance.py: the ops' declared cases, bad inputs generated
+from their specs, torch.compile and CUDA graphs).
 
 The oracle is written here from the formula in float64 (not from another library). Backends:
 "reference" everywhere, "sycl" on the SYCL CPU device (CPU tensors), "cuda" on a GPU. Here: the
@@ -565,7 +565,9 @@ def test_prebuild_specs():
     (128, 64), (256, 256), (512, 64); SYCL one module (both kernels) per (head_dim, rotary_dim) and
     style. Each entry is the key a call with aligned tensors of its shape computes: the same values
     in the same order (the order names the module)."""
-    cuda, sycl = ops.family.prebuild_specs("cuda"), ops.family.prebuild_specs("sycl")
+    rope_ops = ("apply_rope", "apply_rope_with_kv_cache")  # qknorm_rope: test_qknorm_rope_prebuild
+    cuda = [s for s in ops.family.prebuild_specs("cuda") if s["op"] in rope_ops]
+    sycl = [s for s in ops.family.prebuild_specs("sycl") if s["op"] in rope_ops]
     assert (len(cuda), len(sycl)) == (2 * 3 * 2 + 2 * 5, 2 * 5 * 2)
     assert all(s["ROPE_VEC"] == 8 for s in sycl)
     as_items = [list(s.items()) for s in cuda + sycl]
@@ -595,3 +597,339 @@ def test_ops_resolve_through_sgljit():
     assert {"apply_rope", "apply_rope_with_kv_cache"} <= set(ops.family.ops)
     for name in ops.family.ops:
         assert hasattr(torch.ops.sgljit, name)
+
+
+# --------------------------------------------------------------------------------------------
+# qknorm_rope: per-head RMSNorm of q and k, rounded to the dtype, then rope (the unfused chain)
+
+# Twice each dtype's unit roundoff, an ulp at most (fp32: what its sums and rsqrt leave): the scale of
+# an element's error bound.
+UNIT = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-16}
+EPS = 1e-6
+QKR_CASES = [
+    (torch.bfloat16, 128, 128, True, torch.int64),
+    (torch.bfloat16, 128, 128, False, torch.int64),
+    (torch.float16, 128, 64, True, torch.int32),  # partial rotary
+    (torch.float32, 64, 64, False, torch.int64),
+    (torch.bfloat16, 256, 256, True, torch.int32),
+    (torch.float16, 64, 32, False, torch.int64),  # partial rotary, gptj
+]
+
+
+def qkv_views(T, Hq, Hk, D, dtype, dev, shift=0):
+    """(buffer, q, k): q and k as [T, H, D] views into a fused qkv buffer with padded rows,
+    ``shift`` elements in."""
+    buf = torch.randn(T, (Hq + 2 * Hk) * D + 64, device=dev).to(dtype)
+    rows = buf[:, shift:]
+    return buf, rows[:, : Hq * D].view(T, Hq, D), rows[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D)
+
+
+def norm_weights(D, dtype, dev):
+    """q_weight, k_weight around 1, as trained norms have them."""
+    return (1 + 0.5 * torch.randn(2, D, device=dev)).to(dtype).unbind(0)
+
+
+def pair_scale(y, rot, neox, valid):
+    """|y_i| + |y_j| for an element i of a rotated pair (i, j) of y [T, H, D], |y_i| elsewhere: how
+    much a rounding of y's elements can move element i of the rotated result."""
+    D, half = y.shape[-1], rot // 2
+    partner = torch.arange(D, device=y.device)
+    if neox:
+        partner[:half] += half
+        partner[half:rot] -= half
+    else:
+        partner[:rot] ^= 1
+    rotated = valid.view(-1, 1, 1) & (torch.arange(D, device=y.device) < rot)
+    return y.abs() + torch.where(rotated, y.abs()[..., partner], 0)
+
+
+def qknorm_oracle(x, w, cache, positions, neox):
+    """float64 qknorm then rope of x [T, H, D], with no rounding in between: (result, scale), an
+    element's error bound being unit * (scale + |result|) (:func:`pair_scale`)."""
+    xd = x.detach().double().cpu()
+    y = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + EPS) * w.detach().double().cpu()
+    pos = positions.detach().cpu().long()
+    valid = (pos >= 0) & (pos < cache.shape[0])
+    return oracle(y, cache, positions, neox), pair_scale(y, cache.shape[1], neox, valid)
+
+
+def assert_within(actual, expected, scale, dtype):
+    err = (actual.detach().double().cpu() - expected).abs()
+    bound = UNIT[dtype] * (scale + expected.abs()) + 1e-6
+    worst = float((err / bound).max())
+    assert worst <= 1.0, f"error {worst:.3g}x its bound (max |diff| {float(err.max()):.3g})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", QKR_CASES, ids=case_id)
+def test_qknorm_rope_numerics(backend, case):
+    """q and k as views into a qkv buffer, head counts not multiples of a work item's; v and the
+    rows' padding stay bit-exact."""
+    dtype, D, rot, neox, idx = case
+    dev = device_of(backend)
+    torch.manual_seed(10)
+    Hq, Hk, max_pos = 5, 3, 5000
+    cache = make_cache(max_pos, rot, dev)
+    qw, kw = norm_weights(D, dtype, dev)
+    for T in tokens_for(backend):
+        buf, q, k = qkv_views(T, Hq, Hk, D, dtype, dev)
+        before = buf.clone()
+        pos = torch.randint(0, max_pos, (T,), device=dev, dtype=idx)
+        want_q = qknorm_oracle(q, qw, cache, pos, neox)
+        want_k = qknorm_oracle(k, kw, cache, pos, neox)
+        with using(backend):
+            out = sgljit.ops.qknorm_rope(q, k, qw, kw, cache, pos, eps=EPS, is_neox=neox)
+        assert out is None
+        assert_within(q, *want_q, dtype)
+        assert_within(k, *want_k, dtype)
+        assert torch.equal(buf[:, (Hq + Hk) * D :], before[:, (Hq + Hk) * D :])  # v, padding
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+def test_qknorm_rope_rounds_as_qknorm_then_apply_rope(backend, neox):
+    """The fused op is sgljit's qknorm then apply_rope on the same backend: bit for bit but for the
+    rare element whose normalized value the two kernels' fp32 sums round apart (then by at most an
+    ulp of it); on the reference, which composes the two, exactly. Rounding once, after the
+    rotation, would change about a third of the elements."""
+    pytest.importorskip("sgljit_norm")
+    dev = device_of(backend)
+    torch.manual_seed(11)
+    dtype, T, Hq, Hk, D = torch.bfloat16, 4109 if backend == "cuda" else 33, 8, 2, 128
+    cache = make_cache(5000, D, dev)
+    qw, kw = norm_weights(D, dtype, dev)
+    pos = torch.randint(0, 5000, (T,), device=dev)
+    fused, q, k = qkv_views(T, Hq, Hk, D, dtype, dev)
+    chain = fused.clone()
+    q2 = chain[:, : Hq * D].view(T, Hq, D)
+    k2 = chain[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D)
+    scales = [qknorm_oracle(x, w, cache, pos, neox)[1] for x, w in ((q, qw), (k, kw))]
+    with using(backend):
+        sgljit.ops.qknorm_rope(q, k, qw, kw, cache, pos, eps=EPS, is_neox=neox)
+        sgljit.ops.qknorm(q2, k2, qw, kw, EPS)
+        sgljit.ops.apply_rope(q2, k2, cache, pos, is_neox=neox)
+    same = (fused == chain).double().mean().item()
+    assert same == 1.0 if backend == "reference" else same > 0.99, same
+    for a, b, scale in ((q, q2, scales[0]), (k, k2, scales[1])):
+        assert_within(a, b.double().cpu(), scale, dtype)  # an ulp of a normalized value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qknorm_rope_flattened_views(backend):
+    """[T, H * D] views: D read from the 3-D one of q and k, else from q_weight."""
+    dev = device_of(backend)
+    torch.manual_seed(12)
+    dtype, T, Hq, Hk, D = torch.float16, 9, 4, 2, 64
+    cache = make_cache(100, D, dev)
+    qw, kw = norm_weights(D, dtype, dev)
+    pos = torch.randint(0, 100, (T,), device=dev)
+    for flat_q, flat_k in ((True, True), (True, False), (False, True)):
+        _, q, k = qkv_views(T, Hq, Hk, D, dtype, dev)
+        want_q = qknorm_oracle(q, qw, cache, pos, True)
+        want_k = qknorm_oracle(k, kw, cache, pos, True)
+        with using(backend):
+            sgljit.ops.qknorm_rope(
+                q.flatten(1) if flat_q else q, k.flatten(1) if flat_k else k, qw, kw, cache, pos
+            )
+        assert_within(q, *want_q, dtype)
+        assert_within(k, *want_k, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qknorm_rope_out_of_range_positions_normalize_only(backend):
+    dev = device_of(backend)
+    torch.manual_seed(13)
+    T, D, max_pos = 8, 64, 50
+    cache = make_cache(max_pos, D, dev)
+    qw, kw = norm_weights(D, torch.float32, dev)
+    q, k = torch.randn(T, 3, D, device=dev), torch.randn(T, 1, D, device=dev)
+    pos = torch.randint(0, max_pos, (T,), device=dev)
+    pos[1], pos[4], pos[6] = max_pos, -1, 1 << 40
+    want_q = qknorm_oracle(q, qw, cache, pos, True)
+    want_k = qknorm_oracle(k, kw, cache, pos, True)
+    with using(backend):
+        sgljit.ops.qknorm_rope(q, k, qw, kw, cache, pos)
+    assert_within(q, *want_q, torch.float32)  # the oracle leaves bad positions' tokens unrotated
+    assert_within(k, *want_k, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qknorm_rope_check_indices(backend, monkeypatch):
+    dev = device_of(backend)
+    q, k, qw, kw, cache, _ = _qkr_args(dev)
+    pos = torch.tensor([0, 3, 20, -1], device=dev)
+    monkeypatch.setattr(ops, "_CHECK_INDICES", True)
+    with using(backend), pytest.raises(IndexError, match=r"positions\[2\] = 20"):
+        sgljit.ops.qknorm_rope(q, k, qw, kw, cache, pos)
+
+
+def _qkr_args(dev="cpu", T=4, D=64):
+    qw, kw = norm_weights(D, torch.float32, dev)
+    return (
+        torch.randn(T, 2, D, device=dev),
+        torch.randn(T, 1, D, device=dev),
+        qw,
+        kw,
+        make_cache(16, D, dev),
+        torch.arange(T, device=dev),
+    )
+
+
+def _qkr_head(D):
+    """Arguments of head size D (a cache of width 64)."""
+
+    def mutate(a):
+        dev = a["q"].device
+        q, k, qw, kw, _, _ = _qkr_args(dev, D=D)
+        return {**a, "q": q, "k": k, "q_weight": qw, "k_weight": kw}
+
+    return mutate
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "mutate, exc, match",
+    [
+        (_qkr_head(65), ValueError, "^q: head_dim 65 is not supported"),
+        (_qkr_head(2048), ValueError, "^q: head_dim 2048 is not supported"),
+        (
+            lambda a: {**a, "cos_sin_cache": make_cache(16, 66, a["q"].device)},
+            ValueError,
+            r"^cos_sin_cache: its width 66 \(rotary_dim\) exceeds head_dim 64",
+        ),
+        (
+            lambda a: {**a, "cos_sin_cache": torch.zeros(16, 63, device=a["q"].device)},
+            ValueError,
+            r"^cos_sin_cache: its width 63 \(rotary_dim\) must be a positive even number",
+        ),
+        (
+            lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]},
+            ValueError,
+            "^cos_sin_cache: has no rows",
+        ),
+        (
+            lambda a: {**a, "q": a["q"].flatten(1)[:, :100]},
+            ValueError,
+            "^q: width 100 of a flattened",
+        ),
+        (
+            lambda a: {
+                **a,
+                "q": a["q"].flatten(1),
+                "k": a["k"].flatten(1),
+                "q_weight": a["q_weight"][None],
+            },
+            ValueError,
+            "^q_weight: q and k are flattened",
+        ),
+        (
+            lambda a: {**a, "q_weight": a["q_weight"][:32]},
+            ValueError,
+            "^q_weight: dimension 0 expected 64",
+        ),
+        (lambda a: {**a, "eps": -1.0}, ValueError, "^eps: expected a value >= 0"),
+        (lambda a: {**a, "is_neox": 1}, TypeError, "^is_neox: expected bool"),
+        (lambda a: {**a, "q": [1, 2]}, TypeError, "^q: expected a torch.Tensor"),
+        (lambda a: {**a, "q_weight": [1.0]}, TypeError, "^q_weight: expected a torch.Tensor"),
+        (lambda a: {**a, "positions": [0, 1, 2, 3]}, TypeError, "^positions: expected a torch"),
+    ],
+)
+def test_bad_inputs_qknorm_rope(backend, mutate, exc, match):
+    q, k, qw, kw, cache, pos = _qkr_args(device_of(backend))
+    a = {"q": q, "k": k, "q_weight": qw, "k_weight": kw, "cos_sin_cache": cache, "positions": pos}
+    with using(backend), pytest.raises(exc, match=match):
+        sgljit.ops.qknorm_rope(**mutate(a))
+
+
+def test_qknorm_rope_vector_width():
+    """16-byte vectors for aligned qkv views; narrower where a view starts 8, 4 or 2 bytes in, where
+    a weight is misaligned or the cache's rows are 8-byte aligned."""
+    dtype, D = torch.bfloat16, 128
+    w = torch.empty(D, dtype=dtype)
+    cache, pos = make_cache(4, D, "cpu"), torch.zeros(3, dtype=torch.int64)
+
+    def vec(q, k, qw=w, c=cache):
+        return ops._qknorm_rope_key(q, k, qw, w, c, pos, EPS, True)[-1]
+
+    for shift, want in ((0, 8), (4, 4), (2, 2), (1, 1)):
+        _, q, k = qkv_views(3, 4, 2, D, dtype, "cpu", shift=shift)
+        assert vec(q, k) == want, shift
+    _, q, k = qkv_views(3, 4, 2, D, dtype, "cpu")
+    assert vec(q, k, qw=torch.empty(D + 1, dtype=dtype)[1:]) == 1
+    assert vec(q, k, c=torch.empty(4, D + 2)[:, 2:]) == 2  # 2 floats: 2-element vectors
+    assert vec(q[:1], k[:1]) == 8  # one token: its stride does not count
+
+
+def test_qknorm_rope_prebuild():
+    """bf16/fp16 x head_dim 64/128/256, neox, full rotary, int64 positions, 16-byte vectors, CUDA
+    and SYCL: each entry is the key a call with qkv views of its shape computes."""
+    cuda = [s for s in ops.family.prebuild_specs("cuda") if s["op"] == "qknorm_rope"]
+    sycl = [s for s in ops.family.prebuild_specs("sycl") if s["op"] == "qknorm_rope"]
+    assert len(cuda) == len(sycl) == 6
+    for dtype in (torch.bfloat16, torch.float16):
+        for D in (64, 128, 256):
+            _, q, k = qkv_views(3, 32, 8, D, dtype, "cpu")
+            qw, kw = norm_weights(D, dtype, "cpu")
+            args = (q, k, qw, kw, make_cache(4, D, "cpu"), torch.zeros(3, dtype=torch.int64))
+            assert _key_of("qknorm_rope", (*args, EPS, True)) in cuda
+            key = ops.family.ops["qknorm_rope"].sycl.key(*args, EPS, True)
+            assert {"op": "qknorm_rope", **{n: _name(v) for n, v in key.items()}} in sycl
+
+
+def test_qknorm_rope_cuda_compiles(tmp_path, monkeypatch):
+    """The kernel's layouts for sm_90a: 16-byte neox heads (the prebuilt module), gptj with idle
+    lanes (5 vector pairs), fp32 with two pairs a lane and a partial rotary."""
+    from sgljit.toolchain import find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    if HAS_CUDA:
+        pytest.skip("the GPU tests build these modules for the GPU's own arch")
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", "9.0a")
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
+    specs = []
+    for dtype, D, rot, neox, idx in (
+        (torch.bfloat16, 128, 128, True, torch.int64),
+        (torch.float16, 80, 80, False, torch.int32),
+        (torch.float32, 512, 256, True, torch.int64),
+    ):
+        _, q, k = qkv_views(3, 4, 2, D, dtype, "cpu")
+        qw, kw = norm_weights(D, dtype, "cpu")
+        args = (q, k, qw, kw, make_cache(4, rot, "cpu"), torch.zeros(3, dtype=idx), EPS, neox)
+        specs.append(_key_of("qknorm_rope", args))
+    assert [s["vec"] for s in specs] == [8, 8, 4]
+    sgljit.clear_module_cache()
+    try:
+        for spec in specs:
+            spec = dict(spec)
+            assert getattr(ops.family.prebuild("cuda", **spec), spec.pop("op")) is not None
+    finally:
+        sgljit.clear_module_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("idx", [torch.int32, torch.int64])
+def test_cuda_qknorm_rope_many_tokens(idx):
+    """The bench shape (32/8 heads x 128 in a qkv buffer), 65537 tokens at positions near max_pos
+    (plain stores: the heads do not fit in L2), against the torch reference on the GPU (fp32 math,
+    the same roundings)."""
+    torch.manual_seed(14)
+    T, Hq, Hk, D, max_pos = 65537, 32, 8, 128, 131072
+    cache = make_cache(max_pos, D, "cuda")
+    qw, kw = norm_weights(D, torch.bfloat16, "cuda")
+    buf, q, k = qkv_views(T, Hq, Hk, D, torch.bfloat16, "cuda")
+    before = buf.clone()
+    pos = torch.randint(max_pos - 1000, max_pos, (T,), device="cuda", dtype=idx)
+    want = ops.reference.qknorm_rope_torch(q, k, qw, kw, cache, pos, EPS, True)
+    valid = torch.ones(T, dtype=torch.bool, device="cuda")
+    scales = [
+        pair_scale(ops.reference._rms_norm(x, w, EPS).float(), D, True, valid)
+        for x, w in ((q, qw), (k, kw))
+    ]
+    sgljit.ops.qknorm_rope(q, k, qw, kw, cache, pos)
+    for got, expected, scale in ((q, want[0], scales[0]), (k, want[1], scales[1])):
+        err = (got.float() - expected.float()).abs()
+        assert bool((err <= UNIT[torch.bfloat16] * (scale + expected.float().abs()) + 1e-6).all())
+        assert (got == expected).float().mean().item() > 0.99
+    assert torch.equal(buf[:, (Hq + Hk) * D :], before[:, (Hq + Hk) * D :])

@@ -1,4 +1,5 @@
-"""Rotary position embedding: ``apply_rope`` and ``apply_rope_with_kv_cache``.
+"""Rotary position embedding: ``apply_rope``, ``apply_rope_with_kv_cache`` and ``qknorm_rope``
+(per-head RMSNorm of q and k, then rope, in one pass).
 
 Both work in place and return None. Layout: q ``[T, Hq, D]``, k/v ``[T, Hk, D]`` (or flattened
 ``[T, H * D]``), possibly strided views into a fused qkv buffer (the last dim must be contiguous);
@@ -11,11 +12,12 @@ its token unrotated, an ``out_loc`` outside ``[0, num_slots)`` stores nothing fo
 CUDA-graph capture only) and an ``IndexError`` names the first bad index. The variable is read once,
 when this module is imported: set it before the first use of a rope op.
 
-The kernel ops (``torch.ops.sgljit.apply_rope`` and ``...apply_rope_with_kv_cache``) take 3-D
-``[T, H, D]`` tensors, contiguous ``positions``/``out_loc`` and ``is_neox``; the public functions
-below unflatten ``[T, H * D]`` views and make the index tensors contiguous. CUDA modules are
-specialized by dtype, index dtypes, rotary_dim (and head_dim for the KV variant), style and the
-vector width the pointers and strides allow (:func:`_pick_vec`).
+The kernel ops (``torch.ops.sgljit.apply_rope``, ``...apply_rope_with_kv_cache`` and
+``...qknorm_rope``) take 3-D ``[T, H, D]`` tensors, contiguous ``positions``/``out_loc`` and
+``is_neox``; the public functions below unflatten ``[T, H * D]`` views and make the index tensors
+contiguous. CUDA modules are specialized by dtype, index dtypes, rotary_dim (and head_dim for the KV
+variant and qknorm_rope), style and the vector width the pointers and strides allow
+(:func:`_pick_vec`, :func:`_qknorm_rope_vec`).
 """
 
 import os
@@ -26,7 +28,7 @@ from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor
 
 from . import reference
 
-__all__ = ["apply_rope", "apply_rope_with_kv_cache", "family"]
+__all__ = ["apply_rope", "apply_rope_with_kv_cache", "family", "qknorm_rope"]
 
 family = Family("rope", __file__)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -200,6 +202,114 @@ def _launch_kv(module, key, q, k, v, k_cache, v_cache, cos_sin_cache, positions,
        cos_sin_cache.stride(0), cos_sin_cache.shape[0], k_cache.shape[0])  # fmt: skip
 
 
+# qknorm_rope: one module per (dtype, index dtype, head_dim, rotary_dim, style, vector width); its
+# own header (csrc/qknorm_rope.cuh) and SYCL source (sycl/qknorm_rope.hpp).
+
+_QKR_PARAMS = ("dtype", "idx_dtype", "head_dim", "rotary_dim", "is_neox", "vec")
+# Heads wider than this would not fit a lane group's registers (32 lanes; csrc/qknorm_rope.cuh).
+_QKR_MAX_HEAD_DIM = 1024
+
+
+def _qknorm_rope_vec(q, k, q_weight, k_weight, cos_sin_cache, max_pos: int, rot: int) -> int:
+    """The vector width (elements) of a qknorm_rope specialization: the widest power of two, up to
+    16 bytes, that divides ``head_dim / 2``, ``rotary_dim / 2``, every data pointer (in elements),
+    and q's and k's strides of T and H (where that size is > 1); cos/sin (fp32) are read
+    ``min(vec, 4)`` at a time, so that many floats must divide the cache's pointer and (if it has
+    rows > 1) its row stride. Runs on every eager CUDA call: pointers and strides are combined as
+    bits, and only when that finds less than 16 bytes are the sizes read."""
+    size = q.element_size()
+    qs, ks = q.stride(), k.stride()
+    counts = ((rot | q.shape[2]) >> 1) | qs[0] | qs[1] | ks[0] | ks[1]
+    pointers = 16 | q.data_ptr() | k.data_ptr() | q_weight.data_ptr() | k_weight.data_ptr()
+    bits = (counts * size) | pointers
+    vec = (bits & -bits) // size
+    if vec < 16 // size:  # strides of size-1 dimensions do not count
+        counts = (rot | q.shape[2]) >> 1
+        for (st, sh, _), (nt, nh, _) in ((qs, q.shape), (ks, k.shape)):
+            counts |= (st if nt > 1 else 0) | (sh if nh > 1 else 0)
+        bits = (counts * size) | pointers
+        vec = max(1, (bits & -bits) // size)
+    cache = cos_sin_cache.data_ptr() | 16  # in bytes
+    if max_pos > 1:
+        cache |= cos_sin_cache.stride()[0] << 2
+    floats = (cache & -cache) >> 2  # at most 4
+    return vec if floats == 4 else max(1, min(vec, floats))
+
+
+def _check_qknorm_rope_head(head_dim: int) -> None:
+    """Every backend refuses the head sizes the CUDA kernel does not take (odd or too wide)."""
+    if head_dim % 2 or head_dim > _QKR_MAX_HEAD_DIM:
+        raise ValueError(
+            f"q: head_dim {head_dim} is not supported by qknorm_rope; expected an even head size "
+            f"of at most {_QKR_MAX_HEAD_DIM}"
+        )
+
+
+def _qknorm_rope_key(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox) -> tuple:
+    max_pos, rot = cos_sin_cache.shape
+    if rot <= 0 or rot % 2 or not max_pos:
+        _cache_shape(cos_sin_cache)
+    vec = _qknorm_rope_vec(q, k, q_weight, k_weight, cos_sin_cache, max_pos, rot)
+    return q.dtype, positions.dtype, q.shape[2], rot, is_neox, vec
+
+
+def _qknorm_rope_params(dtype, idx_dtype, head_dim, rot, is_neox, vec) -> dict:
+    """A new key's template parameters; refuses the head sizes and rotary widths the kernel does
+    not take (checked once per key, not on every call)."""
+    _check_qknorm_rope_head(head_dim)
+    if rot > head_dim:
+        raise ValueError(f"cos_sin_cache: its width {rot} (rotary_dim) exceeds head_dim {head_dim}")
+    return dict(zip(_QKR_PARAMS, (dtype, idx_dtype, head_dim, rot, is_neox, vec), strict=True))
+
+
+def _qknorm_rope_lanes(head_dim: int, vec: int) -> int:
+    """Threads of a head's lane group: the head's vector pairs, rounded up to a power of two, at
+    most 32 (QKNormRopeConfig::kLanes)."""
+    pairs = head_dim // (2 * vec)
+    return min(32, 1 << (pairs - 1).bit_length())
+
+
+def _sycl_qknorm_rope_key(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox):
+    """The -D macros of sycl/qknorm_rope.hpp."""
+    head_dim = q.shape[2]
+    max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
+    _check_qknorm_rope_head(head_dim)
+    vec = _qknorm_rope_vec(q, k, q_weight, k_weight, cos_sin_cache, max_pos, rot)
+    return {"SGLJIT_T": q.dtype, "QKR_IDX_T": positions.dtype, "QKR_HEAD_DIM": head_dim,
+            "QKR_ROT": rot, "QKR_NEOX": int(is_neox), "QKR_VEC": vec,
+            "QKR_LANES": _qknorm_rope_lanes(head_dim, vec)}  # fmt: skip
+
+
+def _launch_qknorm_rope(module, key, q, k, q_weight, k_weight, cos_sin_cache, positions, eps,
+                        is_neox) -> None:  # fmt: skip
+    T, Hq, Hk = q.shape[0], q.shape[1], k.shape[1]
+    heads = T * (Hq + Hk)
+    if heads == 0:
+        return
+    fn = module.get_function("qknorm_rope", ("ptr",) * 6 + ("i64",) * 8 + ("f32",))
+    lanes = key["QKR_LANES"]
+    fn(heads * lanes, lanes, q, k, q_weight, k_weight, cos_sin_cache, positions, Hq, Hk,
+       q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
+       cos_sin_cache.shape[0], eps)  # fmt: skip
+
+
+def _fleet_qknorm_rope(key, dtype, head_dim: int) -> dict:
+    """What the fleet prebuilds for qknorm_rope: the template parameters (CUDA) or macros (SYCL) of
+    a neox call with q, k views into one [2, 6, head_dim] buffer of ``dtype``, full rotary, int64
+    positions."""
+    qk = torch.empty(2, 6, head_dim, dtype=dtype)
+    w = torch.empty(head_dim, dtype=dtype)
+    args = (qk[:, :4], qk[:, 4:], w, w, torch.empty(4, head_dim), torch.zeros(2, dtype=torch.int64))
+    found = key(*args, 1e-6, True)
+    return _qknorm_rope_params(*found) if key is _qknorm_rope_key else found
+
+
+def _reference_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox):
+    _cache_shape(cos_sin_cache, q.shape[2])
+    _check_qknorm_rope_head(q.shape[2])
+    reference.qknorm_rope_into(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox)
+
+
 def _reference_rope(q, k, cos_sin_cache, positions, is_neox) -> None:
     _cache_shape(cos_sin_cache, q.shape[2])
     reference.apply_rope_into(q, k, cos_sin_cache, positions, is_neox)
@@ -322,6 +432,55 @@ _KV_CASES = [
 ]
 
 
+# qknorm_rope rounds twice (qknorm's output, then the rotation), where the float64 oracle rounds
+# never: an element's error is up to half an ulp of each rotated input (|y1| + |y2|, up to about 4x
+# the result's size here) plus half an ulp of the result; the tolerances are about twice what the
+# cases reach.
+_QKR_TOLERANCES = {torch.bfloat16: 2.5e-2, torch.float16: 3e-3, torch.float32: 1e-5}
+
+
+def _qknorm_rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=torch.int64,
+                      shift=0, bad_positions=False) -> Case:  # fmt: skip
+    """q and k as views into a fused qkv buffer (padded rows; ``shift`` elements in, for narrower
+    vectors), weights around 1 as trained norms have them."""
+    hq, hk = heads
+    max_pos = 64
+
+    def make(device):
+        width = (hq + 2 * hk) * head_dim + 64
+        buffer = torch.randn(tokens, width, device=device, dtype=dtype)[:, shift:]
+        q, k = _heads_of(buffer, 0, hq, head_dim), _heads_of(buffer, hq, hk, head_dim)
+        weights = (1 + 0.5 * torch.randn(2, head_dim, device=device)).to(dtype)
+        positions = torch.randint(0, max_pos, (tokens,), dtype=idx, device=device)
+        if bad_positions:
+            positions = _bad_indices(positions, max_pos)
+        cache = _cos_sin_cache(max_pos, rot, device)
+        return q, k, weights[0], weights[1], cache, positions, 1e-6, is_neox
+
+    style = "neox" if is_neox else "gptj"
+    rotary = f" rotary {rot}" if rot != head_dim else ""
+    label = f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+    return Case(f"{label} {name}".strip(), make, _QKR_TOLERANCES[dtype])
+
+
+_QKR_CASES = [
+    *(
+        _qknorm_rope_case("", 7, (8, 2), 128, rot, dtype, is_neox)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32)
+        for is_neox, rot in ((True, 128), (False, 128), (True, 64))
+    ),
+    _qknorm_rope_case("int32 positions", 5, (6, 3), 64, 64, torch.float16, False, idx=_I32),
+    _qknorm_rope_case("", 3, (4, 2), 256, 256, torch.bfloat16),
+    _qknorm_rope_case("gptj partial", 4, (3, 1), 256, 64, torch.bfloat16, False),
+    _qknorm_rope_case("5 vector pairs (idle lanes)", 9, (5, 1), 80, 80, torch.float16),
+    _qknorm_rope_case("8-byte aligned views", 13, (4, 2), 128, 128, torch.bfloat16, shift=4),
+    _qknorm_rope_case("2 pairs a lane", 2, (2, 1), 512, 256, torch.float32),
+    _qknorm_rope_case(
+        "3 positions out of range", 8, (3, 1), 64, 64, torch.float32, bad_positions=True
+    ),
+]
+
+
 # ------------------------------------------------------------------------------------------------
 # The ops (destination passing)
 
@@ -394,6 +553,39 @@ _apply_rope_with_kv_cache = family.op(
         ],
     },
     cases=_KV_CASES,
+)
+
+
+_qknorm_rope = family.op(
+    "qknorm_rope",
+    args={
+        **_QK,
+        "q_weight": Tensor("head_dim", dtype="q", layout="contiguous"),
+        "k_weight": Tensor("head_dim", dtype="q", layout="contiguous"),
+        "cos_sin_cache": _CACHE,
+        "positions": _POSITIONS,
+        "eps": Scalar(float, min=0.0),
+        "is_neox": Scalar(bool),
+    },
+    reference=_reference_qknorm_rope,
+    doc=reference.qknorm_rope_into.__doc__,
+    cuda=Cuda(
+        "csrc/qknorm_rope.cuh",
+        "sgljit_rope::QKNormRope<{dtype}, {idx_dtype}, {head_dim}, {rotary_dim}, {is_neox}, {vec}>::run",
+        key=_qknorm_rope_key,
+        params=_qknorm_rope_params,
+    ),
+    sycl=Sycl("sycl/qknorm_rope.hpp", key=_sycl_qknorm_rope_key, launch=_launch_qknorm_rope),
+    # Qwen3-class heads: neox, full rotary, 64/128/256 wide.
+    prebuild={
+        backend: [
+            _fleet_qknorm_rope(key, dtype, head_dim)
+            for dtype in _FLEET_DTYPES
+            for head_dim in (64, 128, 256)
+        ]
+        for backend, key in (("cuda", _qknorm_rope_key), ("sycl", _sycl_qknorm_rope_key))
+    },
+    cases=_QKR_CASES,
 )
 
 
@@ -541,3 +733,56 @@ def _kv_heads(q, k, v, k_cache, v_cache):
     d = shaped[0]
     return (_heads(q, "q", d), _heads(k, "k", d), _heads(v, "v", d),
             _heads(k_cache, "k_cache", d), _heads(v_cache, "v_cache", d))  # fmt: skip
+
+
+def qknorm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+) -> None:
+    """Per-head RMSNorm of q ``[T, Hq, D]`` and k ``[T, Hk, D]`` then rotary embedding, in place, in
+    one pass (Qwen3-class attention: ``q_norm``/``k_norm``, then rope).
+
+    Each head ``x`` becomes ``y = x * rsqrt(mean(x^2) + eps) * weight`` (fp32 math; ``q_weight`` for
+    q's heads, ``k_weight`` for k's, both ``[D]`` of q's dtype), rounded to the dtype, and then the
+    first ``rotary_dim`` dims of ``y`` are rotated as :func:`apply_rope` rotates them (fp32 math,
+    rounded again): the same rounding as ``qknorm`` followed by ``apply_rope``, so the fused op
+    is a drop-in for that pair. Dims past ``rotary_dim`` (the width of ``cos_sin_cache``, float32
+    ``[max_pos, rotary_dim]``, cos | sin) keep ``y``. ``positions`` int32/int64 ``[T]``; a position
+    outside ``[0, max_pos)`` leaves its token normalized but unrotated (``SGLJIT_CHECK_INDICES=1``
+    raises instead). ``is_neox``: pairs ``(i, i + r/2)``, else gptj pairs ``(2i, 2i + 1)``.
+
+    q and k may be strided views (e.g. into a fused qkv buffer; last dim contiguous) or flattened
+    ``[T, H * D]``; D is read from whichever of q and k is 3-D, else from ``q_weight``. D must be
+    even and at most 1024. fp16/bf16/fp32.
+    """
+    try:
+        if q.dim() != 3 or k.dim() != 3:
+            q, k = _qknorm_rope_heads(q, k, q_weight)
+        positions = positions.contiguous()
+    except AttributeError:  # name the argument that is not a tensor
+        _require_tensors(q=q, k=k, q_weight=q_weight, positions=positions)
+        raise
+    if _CHECK_INDICES and not torch.compiler.is_compiling():
+        _check_indices("positions", positions, cos_sin_cache.shape[0])
+    _qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox)
+
+
+def _qknorm_rope_heads(q, k, q_weight):
+    shaped = [x.shape[2] for x in (q, k) if x.dim() == 3]
+    if shaped:
+        head_dim = shaped[0]
+    elif q_weight.dim() == 1 and q_weight.shape[0] > 0:
+        head_dim = q_weight.shape[0]
+    else:
+        raise ValueError(
+            f"q_weight: q and k are flattened [T, heads * head_dim], so the head size is read from "
+            f"q_weight, which must be [head_dim]; got shape {tuple(q_weight.shape)}"
+        )
+    return _heads(q, "q", head_dim), _heads(k, "k", head_dim)

@@ -1,7 +1,9 @@
 """PyTorch implementation of the rope ops: the CPU path and the oracle the kernels are tested against.
 
 Math is done in float32 (the kernels' precision), in float64 for float64 tensors (the oracle: the
-conformance suite runs it on float64 copies); results are rounded once to the tensors' dtype.
+conformance suite runs it on float64 copies); results are rounded once to the tensors' dtype, except
+``qknorm_rope``, which rounds twice as the unfused chain it replaces does (qknorm's output, then
+the rotation).
 Out-of-range indices behave exactly as in the kernels: a position outside ``[0, max_pos)`` leaves its
 token unrotated, an ``out_loc`` outside ``[0, num_slots)`` stores nothing for its token.
 """
@@ -10,7 +12,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["apply_rope_into", "apply_rope_with_kv_cache_into", "rope_torch"]
+__all__ = [
+    "apply_rope_into",
+    "apply_rope_with_kv_cache_into",
+    "qknorm_rope_into",
+    "qknorm_rope_torch",
+    "rope_torch",
+]
 
 
 def _math(x: torch.Tensor) -> torch.Tensor:
@@ -102,3 +110,46 @@ def apply_rope_with_kv_cache_into(
     if rot < k.shape[-1]:
         k_cache[loc, :, rot:] = k[store][..., rot:]
     v_cache[loc] = v[store]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm of ``x`` [T, H, D] over D, ``x * rsqrt(mean(x^2) + eps) * weight`` in the
+    math dtype, rounded to x's dtype (what sgljit's ``qknorm`` stores)."""
+    xm = _math(x)
+    return (xm * torch.rsqrt(xm.square().mean(-1, keepdim=True) + eps) * _math(weight)).to(x.dtype)
+
+
+def qknorm_rope_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    eps: float = 1e-6,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out-of-place qknorm then rope on q [T, Hq, D], k [T, Hk, D]: returns new (q, k)."""
+    q_normed, k_normed = _rms_norm(q, q_weight, eps), _rms_norm(k, k_weight, eps)
+    return rope_torch(q_normed, k_normed, cos_sin_cache, positions, is_neox)
+
+
+def qknorm_rope_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    eps: float,
+    is_neox: bool,
+) -> None:
+    """In place on q [T, Hq, D] and k [T, Hk, D] (views allowed): each head RMS-normalized over D
+    (weights [D]) and rounded to the dtype, then its first rotary_dim dims rotated and rounded again
+    (the unfused chain ``qknorm`` then ``apply_rope``). An out-of-range position leaves its token
+    normalized but unrotated."""
+    new_q, new_k = qknorm_rope_torch(
+        q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox
+    )
+    q.copy_(new_q)
+    k.copy_(new_k)
