@@ -16,8 +16,9 @@ The kernel ops (``torch.ops.sgljit.apply_rope``, ``...apply_rope_with_kv_cache``
 ``...qknorm_rope``) take 3-D ``[T, H, D]`` tensors, contiguous ``positions``/``out_loc`` and
 ``is_neox``; the public functions below unflatten ``[T, H * D]`` views and make the index tensors
 contiguous. CUDA modules are specialized by dtype, index dtypes, rotary_dim (and head_dim for the KV
-variant and qknorm_rope), style and the vector width the pointers and strides allow
-(:func:`_pick_vec`, :func:`_qknorm_rope_vec`).
+variant and qknorm_rope) and style; apply_rope's and the KV variant's modules choose 16-byte or
+1-element vectors per call in C++, qknorm_rope's key carries the vector width the pointers and
+strides allow (:func:`_qknorm_rope_vec`; SYCL modules likewise, :func:`_pick_vec`).
 """
 
 import os
