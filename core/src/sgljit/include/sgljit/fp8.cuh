@@ -57,9 +57,10 @@ SGLJIT_DEVICE float scale_from_absmax(uint32_t bits, float fp8_max) {
 
 // How Divider computes x / s: kDivide (__fdiv_rn, any scale); for fast scales, kMarkstein (two
 // steps: any fp32 x) and kOneStep (one step: x of at most 11 significant bits; see the top of the
-// file), both the correctly rounded quotient; kOneStepBounded, kOneStep without the guard for huge
-// quotients, NaN and inf, where |x / s| <= fp8_max is known (a dynamic scale from x's own absmax).
-enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2, kOneStepBounded = 3 };
+// file), both the correctly rounded quotient; kOneStepBounded and kMarksteinBounded, the same without
+// the guard for huge quotients, NaN and inf, where |x / s| <= fp8_max is known (a dynamic scale from
+// x's own absmax).
+enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2, kOneStepBounded = 3, kMarksteinBounded = 4 };
 
 struct Divider {
   float s, y;
@@ -84,13 +85,17 @@ struct Divider {
         const float q0 = __fmul_rn(x, y);
         return fabsf(q0) < 0x1p100f ? q1 : q0;  // NaN, inf, huge: q0
       }
-    } else if constexpr (kMode == kMarkstein) {
+    } else if constexpr (kMode == kMarkstein || kMode == kMarksteinBounded) {
       const float q0 = __fmul_rn(x, y);
       const float r0 = __fmaf_rn(-q0, s, x);
       const float q1 = __fmaf_rn(r0, y, q0);
       const float r1 = __fmaf_rn(-q1, s, x);
-      const float q2 = __fmaf_rn(r1, y, q1);
-      return fabsf(q0) < 0x1p100f ? copysignf(q2, x) : q0;  // NaN, inf, huge: q0
+      const float q2 = copysignf(__fmaf_rn(r1, y, q1), x);
+      if constexpr (kMode == kMarksteinBounded) {
+        return q2;
+      } else {
+        return fabsf(q0) < 0x1p100f ? q2 : q0;  // NaN, inf, huge: q0
+      }
     } else {
       return __fdiv_rn(x, s);
     }
