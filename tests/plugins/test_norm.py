@@ -764,6 +764,46 @@ def test_cuda_torch_compile_fullgraph(backend_env_cuda):
 
 
 @pytest.mark.gpu
+def test_cuda_rmsnorm_quant_fp8_compiles_and_replays(backend_env_cuda):
+    """The public functions in torch.compile(fullgraph=True) and in a CUDA graph give the eager
+    bytes (the kernel ops' own compile and graph checks are the conformance suite's)."""
+    h = 4096
+    w = _randn((h,), BF16, "cuda", 45)
+    scale = torch.tensor([0.02], device="cuda")
+
+    def layer(x, residual):
+        q, s = sgljit.ops.fused_add_rmsnorm_quant_fp8(x, residual, w)
+        q2, _ = sgljit.ops.rmsnorm_quant_fp8(residual, w, scale)
+        return q.view(torch.uint8), s, q2.view(torch.uint8)
+
+    for name in ("fused_add_rmsnorm_quant_fp8", "rmsnorm_quant_fp8"):
+        getattr(sgljit.ops, name)  # resolve the lazy namespace eagerly
+    compiled = torch.compile(layer, fullgraph=True)
+    for t in (7, 129):
+        x = _randn((t, h), BF16, "cuda", 46 + t)
+        r = _randn((t, h), BF16, "cuda", 47 + t)
+        r_eager = r.clone()
+        got, want = compiled(x, r), layer(x, r_eager)
+        assert torch.equal(r, r_eager)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+    x = _randn((33, h), BF16, "cuda", 48)
+    out = _poison_fp8((33, h), E4M3, "cuda")
+    scales = torch.empty(33, 1, device="cuda")
+    ops.rmsnorm_quant_fp8(x, w, out=out, scales=scales)  # load outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.rmsnorm_quant_fp8(x, w, out=out, scales=scales)
+    x.copy_(_randn((33, h), BF16, "cuda", 49))
+    graph.replay()
+    want_out, want_scales = ops.rmsnorm_quant_fp8(x, w)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.uint8), want_out.view(torch.uint8))
+    assert torch.equal(scales, want_scales)
+
+
+@pytest.mark.gpu
 def test_cuda_runs_on_the_current_stream(backend_env_cuda):
     h = 4096
     w = _randn((h,), BF16, "cuda", 40)
