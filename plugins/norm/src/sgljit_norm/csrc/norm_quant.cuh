@@ -14,7 +14,7 @@
 // (double-buffered by parity: one barrier per reduction). One row group per block (small groups:
 // several), grid = row groups. Per token adds a second group reduction (max of |y| as bits) and then
 // recomputes y from the registers to quantize it. Each thread's vector of kVec elements becomes kVec
-// fp8 bytes in one store; the fused add's stores are streaming (two rows written per row).
+// fp8 bytes in one store.
 // Launched with programmatic dependent launch; grids of at most kPrefetchBlocksPerSM blocks per SM first
 // prefetch their rows and the weight into L2, so the first DRAM round trip overlaps the previous kernel.
 // Generic path (any H, any alignment): one block per row, scalar accesses, each pass re-reading the row
@@ -64,6 +64,10 @@ struct NormQuantConfig {
   static constexpr int kPrefetchBlocksPerSM = 1;
   // Generic path: threads per block (one block per row).
   static constexpr int kGenericThreads = 256;
+  // Stores (residual and fp8 out): streaming (st.global.cs, evict-first) for the fused add, which
+  // writes two rows per row; plain otherwise (as rmsnorm and fused_add_rmsnorm).
+  template <bool kFused>
+  static constexpr bool kStreamingStores = kFused;
 };
 
 constexpr int pow2_ceil(int x) {
@@ -133,8 +137,7 @@ struct FpBytes<4> {
   using type = unsigned int;
 };
 
-// Stores raw bytes: streaming (st.global.cs, evict-first) for the fused add, which writes two rows per
-// row; plain otherwise (as rmsnorm and fused_add_rmsnorm).
+// Stores raw bytes: streaming (st.global.cs, evict-first) or plain.
 template <bool kStreaming, typename R>
 SGLJIT_DEVICE void store_raw(const R& r, void* ptr) {
   if constexpr (kStreaming) {
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
             for (int e = 0; e < kVec; ++e) x[j][e] = from_float<T>(to_float(x[j][e]) + to_float(r[j][e]));
             uint4 raw;
             memcpy(&raw, &x[j], sizeof(raw));
-            store_raw<true>(raw, res + col(j));
+            store_raw<NormQuantConfig::kStreamingStores<true>>(raw, res + col(j));
           }
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
@@ -309,7 +312,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
           }
           Out raw;
           memcpy(&raw, pairs, sizeof(raw));
-          store_raw<kFused>(raw, out + col(j));
+          store_raw<NormQuantConfig::kStreamingStores<kFused>>(raw, out + col(j));
         }
       }
     };
