@@ -9,16 +9,23 @@ Ops and shapes (bf16; inputs rotated so nothing is timed from L2), --grid defaul
   gemma_rmsnorm                  H=4096 (Liger with offset 1, gemma casting)
   qknorm                         q 32 heads, k 8 heads, D=128, strided views into one qkv buffer
   qknorm_across_heads            q 4096, k 1024 wide, strided views into one qkv buffer
+  rmsnorm_quant_fp8_static, rmsnorm_quant_fp8_per_token, fused_add_rmsnorm_quant_fp8_static,
+  fused_add_rmsnorm_quant_fp8_per_token: bf16 -> float8_e4m3fn, H in QUANT_HIDDENS at QUANT_TOKENS;
+                                 beside sgljit: "sgljit-unfused" (rmsnorm or fused_add_rmsnorm, then
+                                 per_tensor_quant_fp8 / per_token_quant_fp8) and torch.compile of
+                                 the reference formula
 --grid models: the hidden sizes and q/k head layouts of real models (MODEL_HIDDENS, MODEL_HEADS) at
 MODEL_TOKENS; --grid quick: a subset of it (QUICK_*), for A/B runs.
-Bytes: each input read once, each output written once (fused add: input, residual read and written).
+Bytes: each input read once, each output written once (fused add: input, residual read and written;
+its quant form: input and residual read, residual and the fp8 output written). The unfused pair is
+timed against the fused op's bytes (its own traffic is larger: the bf16 intermediate out and back).
 """
 
 import sys
 
 import sglang_provider as sglang_jit
 import torch
-from harness import Case, Op, nbytes, run_family, standard_providers
+from harness import Case, Op, Provider, nbytes, run_family, standard_providers
 
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
 WIDE_TOKENS = (1, 128, 16384)
@@ -62,6 +69,11 @@ QK_TOKENS = (1, 128, 1024, 16384)
 QUICK_HIDDENS = (2048, 3584, 4096, 5120, 7168, 8192)
 QUICK_TOKENS = (1, 128, 4096, 65536)
 QUICK_HEADS = ((32, 8, 128), (40, 8, 128), (64, 8, 128))
+QUANT_TOKENS = (1, 128, 1024, 4096, 16384, 65536)
+QUANT_HIDDENS = (4096, 5120, 8192)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_SCALE = 2.0**-126
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -217,6 +229,130 @@ def torch_qknorm(i):
 
 
 # ------------------------------------------------------------------------------------------------
+# RMSNorm -> fp8 (bf16 -> float8_e4m3fn), static or per-token scale, plain or after the fused add
+
+
+def quant_case(tokens: int, hidden: int, fused: bool, dynamic: bool) -> Case:
+    def make_inputs(device):
+        x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=device)
+        i = {
+            "x": x,
+            "w": torch.randn(hidden, dtype=torch.bfloat16, device=device),
+            "out": torch.empty(tokens, hidden, dtype=FP8, device=device),
+            # the unfused pair's bf16 intermediate (not counted in the bytes)
+            "tmp": torch.empty_like(x),
+        }
+        if fused:
+            i["r"] = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=device)
+        if dynamic:
+            i["scales"] = torch.empty(tokens, 1, dtype=torch.float32, device=device)
+        else:
+            i["scale"] = torch.tensor([0.02], dtype=torch.float32, device=device)
+        return i
+
+    def nb(i):
+        # reads x (+ residual), weight, a static scale; writes out (+ residual, + scales)
+        fused_bytes = 2 * nbytes(i["r"]) if fused else 0
+        return nbytes(i["x"], i["w"], i["out"], i.get("scale"), i.get("scales")) + fused_bytes
+
+    return Case(
+        label=f"T={tokens} H={hidden}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=nb,
+        series=f"H={hidden} bfloat16 -> e4m3",
+    )
+
+
+def load_sgljit_quant(fused: bool, dynamic: bool):
+    def load():
+        import sgljit
+
+        if fused:
+            f = sgljit.ops.fused_add_rmsnorm_quant_fp8
+            if dynamic:
+                return lambda i: f(
+                    i["x"], i["r"], i["w"], None, EPS, out=i["out"], scales=i["scales"]
+                )
+            return lambda i: f(i["x"], i["r"], i["w"], i["scale"], EPS, out=i["out"])
+        f = sgljit.ops.rmsnorm_quant_fp8
+        if dynamic:
+            return lambda i: f(i["x"], i["w"], None, EPS, out=i["out"], scales=i["scales"])
+        return lambda i: f(i["x"], i["w"], i["scale"], EPS, out=i["out"])
+
+    return load
+
+
+def load_sgljit_unfused(fused: bool, dynamic: bool):
+    """sgljit's norm, then its quantization: the pair the fused op replaces (the norm's output goes
+    through memory)."""
+
+    def load():
+        import sgljit
+
+        rmsnorm, fused_add = sgljit.ops.rmsnorm, sgljit.ops.fused_add_rmsnorm
+        per_tensor, per_token = sgljit.ops.per_tensor_quant_fp8, sgljit.ops.per_token_quant_fp8
+
+        def norm(i):
+            if fused:
+                fused_add(i["x"], i["r"], i["w"], EPS)  # the normalized row lands in x
+                return i["x"]
+            return rmsnorm(i["x"], i["w"], EPS, out=i["tmp"])
+
+        if dynamic:
+            return lambda i: per_token(norm(i), out=i["out"])
+        return lambda i: per_tensor(norm(i), i["scale"], out=i["out"])
+
+    return load
+
+
+def _rms_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
+
+
+def _quantize(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (y / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def torch_quant(fused: bool, dynamic: bool):
+    """The reference formula (sgljit_norm.reference), returning what it writes."""
+
+    def fn(i):
+        total = (i["x"].float() + i["r"].float()).to(i["x"].dtype) if fused else i["x"]
+        y = _rms_f32(total, i["w"])
+        if dynamic:
+            scale = (y.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(MIN_SCALE)
+        else:
+            scale = i["scale"]
+        q = _quantize(y, scale)
+        return (q, scale, total) if fused else (q, scale)
+
+    return fn
+
+
+def quant_ops(hiddens, tokens) -> list[Op]:
+    out = []
+    for fused in (False, True):
+        for dynamic in (False, True):
+            name = ("fused_add_" if fused else "") + "rmsnorm_quant_fp8_"
+            name += "per_token" if dynamic else "static"
+            out.append(
+                Op(
+                    name,
+                    [quant_case(t, h, fused, dynamic) for h in hiddens for t in tokens],
+                    [
+                        *standard_providers(
+                            load_sgljit_quant(fused, dynamic), torch_quant(fused, dynamic)
+                        ),
+                        Provider("sgljit-unfused", load_sgljit_unfused(fused, dynamic)),
+                    ],
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def ops(grid: str = "default") -> list[Op]:
@@ -229,6 +365,7 @@ def ops(grid: str = "default") -> list[Op]:
         gemma = [rms_case(t, 4096, bf16) for t in (1, 128, 16384, 65536)]
         qk = [qk_case(t, 32, 8, 128, bf16, True) for t in TOKENS]
         across = [qk_case(t, 32, 8, 128, bf16, False) for t in TOKENS]
+        quant = quant_ops(QUANT_HIDDENS, QUANT_TOKENS)
     else:
         quick = grid == "quick"
         hiddens, tokens = (QUICK_HIDDENS, QUICK_TOKENS) if quick else (MODEL_HIDDENS, MODEL_TOKENS)
@@ -238,6 +375,7 @@ def ops(grid: str = "default") -> list[Op]:
         gemma = [rms_case(t, h, bf16) for h in (2304, 3584) for t in tokens]
         qk = [qk_case(t, hq, hk, d, bf16, True) for hq, hk, d in heads for t in QK_TOKENS]
         across = [qk_case(t, hq, hk, d, bf16, False) for hq, hk, d in heads for t in QK_TOKENS]
+        quant = quant_ops(hiddens, tokens)
     return [
         Op(
             "rmsnorm",
@@ -282,6 +420,7 @@ def ops(grid: str = "default") -> list[Op]:
                 sglang_jit.provider(lambda: sglang_jit.load_qknorm_across_heads(EPS)),
             ],
         ),
+        *quant,
     ]
 
 

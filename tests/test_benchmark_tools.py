@@ -127,3 +127,52 @@ def test_eager_table_says_why_it_skipped_without_a_gpu():
 
     text, failed = bench_jit.bench_eager(10)
     assert "skipped (needs a CUDA GPU" in text and failed == []
+
+
+QUANT_OPS = (
+    "rmsnorm_quant_fp8_static",
+    "rmsnorm_quant_fp8_per_token",
+    "fused_add_rmsnorm_quant_fp8_static",
+    "fused_add_rmsnorm_quant_fp8_per_token",
+)
+
+
+def test_bench_norm_declares_the_rmsnorm_quant_grid():
+    import bench_norm
+
+    found = {op.name: op for op in bench_norm.ops("default")}
+    for name in QUANT_OPS:
+        op = found[name]
+        shapes = {(c.tokens, c.series) for c in op.cases}
+        assert shapes == {
+            (t, f"H={h} bfloat16 -> e4m3")
+            for t in (1, 128, 1024, 4096, 16384, 65536)
+            for h in (4096, 5120, 8192)
+        }
+        assert {p.name for p in op.providers} >= {"sgljit", "sgljit-unfused", "torch.compile"}
+    assert all(
+        name in {op.name for op in bench_norm.ops(g)}
+        for g in ("quick", "models")
+        for name in QUANT_OPS
+    )
+
+
+def test_bench_norm_runs_the_rmsnorm_quant_ops_dry():
+    proc = run_tool(
+        "bench_norm.py",
+        "--dry-run",
+        "--no-write",
+        "--ops",
+        ",".join(QUANT_OPS),
+        "--tokens",
+        "1",
+        "--series",
+        "H=4096",
+        "--providers",
+        "sgljit,sgljit-unfused,torch",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in QUANT_OPS:
+        assert f"## {name}" in proc.stdout
+    assert proc.stdout.count("| sgljit-unfused |") == len(QUANT_OPS), proc.stdout
+    assert "failed" not in proc.stdout, proc.stdout

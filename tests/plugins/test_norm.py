@@ -1,4 +1,5 @@
-"""sgljit-norm: rmsnorm, fused_add_rmsnorm, gemma variants, qknorm, qknorm_across_heads.
+"""sgljit-norm: rmsnorm, fused_add_rmsnorm, gemma variants, qknorm, qknorm_across_heads, and
+RMSNorm -> fp8 (rmsnorm_quant_fp8, fused_add_rmsnorm_quant_fp8; static or per-token scale).
 
 Every backend (reference on CPU, SYCL on the SYCL CPU device, CUDA on a GPU) is checked against an
 independent float64 formula on random data, with outputs poisoned (NaN) beforehand. Without a GPU, the
@@ -21,6 +22,7 @@ from sgljit_norm import ops, reference
 from .common import BACKENDS, HAS_CUDA, SYCL_MISSING
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 TOL = {FP32: (1e-5, 1e-5), FP16: (4e-3, 4e-3), BF16: (2e-2, 2e-2)}  # (rtol, atol)
 
 # Row widths per backend: (dtype, H). CUDA covers every kernel shape: a 1-lane group (bf16 8, fp32 12),
@@ -56,6 +58,24 @@ QK_CASES = {  # (dtype, head_dim)
     "sycl": [(BF16, 128), (FP32, 64)],
     "cuda": [(BF16, 64), (BF16, 128), (BF16, 256), (BF16, 512), (BF16, 1024), (FP16, 128)],
 }
+# RMSNorm -> fp8 (dtype, H, fp8 dtype). CUDA: a 1-lane group (bf16 8), a full warp (bf16 1024), the
+# benchmark widths (4096, 5120: whole-warp groups, 8192), 16384 (fp32: the fused add reads the weight
+# from L1), generic widths (bf16 100, bf16 32776 > 4096 vectors, fp32 1001).
+QUANT_CASES = {
+    "reference": [(BF16, 128, E4M3), (FP32, 37, E5M2)],
+    "sycl": [(BF16, 1024, E4M3), (FP16, 1000, E5M2), (FP32, 37, E4M3)],
+    "cuda": [
+        (BF16, 8, E4M3),
+        (BF16, 1024, E5M2),
+        (BF16, 4096, E4M3),
+        (BF16, 5120, E4M3),
+        (FP16, 8192, E5M2),
+        (FP32, 16384, E4M3),
+        (BF16, 100, E5M2),
+        (BF16, 32776, E4M3),
+        (FP32, 1001, E4M3),
+    ],
+}
 ACROSS_CASES = {  # (dtype, q width, k width)
     "reference": [(BF16, 256, 128)],
     "sycl": [(BF16, 512, 128), (FP32, 1000, 200)],
@@ -88,6 +108,8 @@ def _cuda_specs() -> list[dict]:
     specs += [dict(op="qknorm", dtype=dt, width=w(dt, d)) for dt, d in QK_CASES["cuda"]]
     for dt, wq, wk in ACROSS_CASES["cuda"]:
         specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk)))
+    for dt, h, f8 in QUANT_CASES["cuda"]:
+        specs.append(dict(op="rmsnorm_quant_fp8_static", **ops._quant_params(dt, f8, h)))
     unique = {}
     for s in specs:
         s = {k: _name(v) if isinstance(v, torch.dtype) else v for k, v in s.items()}
@@ -361,6 +383,315 @@ def test_reference_matches_float64():
 
 
 # ------------------------------------------------------------------------------------------------
+# RMSNorm -> fp8
+#
+# The definition: y = rmsnorm(x) in float32, out = fp8((y / scale).clamp(+-fp8_max)) with a correctly
+# rounded float32 division; per token scale = max(absmax(y of the row) / fp8_max, 2^-126). The float32
+# y of a backend differs from the float64 one in its last bits (rsqrt, summation order), so a quotient
+# lying that close to a rounding boundary of fp8 may take the neighbouring code. With 16-bit inputs
+# and a per-token scale that happens often enough to count: y_i / scale = fp8_max * y_i / max|y|, a
+# ratio of products of 8- or 11-bit numbers, lands exactly on a midpoint between two codes for about
+# one element in 10^4 (bf16), and which way it then rounds is decided by those last bits. So against
+# the float64 oracle (rounded straight to fp8, ties to even) the codes must agree but for a small
+# fraction, and there by one step. Where y is exact on every backend (rows of +-1, eps 0: y = +-w),
+# codes and scales must be bit-exact.
+
+# Codes that may differ from the float64 oracle, by one step: a fraction (measured on the reference:
+# about 1e-4 with a per-token scale, 1e-6 with a static one) and a few for small samples.
+QUANT_MISMATCH, QUANT_MISMATCH_SLACK = 1e-3, 8
+
+
+def _fp8_max(fp8_dtype) -> float:
+    return float(torch.finfo(fp8_dtype).max)
+
+
+def _poison_fp8(shape, fp8_dtype, device) -> torch.Tensor:
+    """0xFF in every byte: a NaN in both formats, so unwritten codes show."""
+    return torch.full(shape, 0xFF, dtype=torch.uint8, device=device).view(fp8_dtype)
+
+
+def _fp8_encode(q: torch.Tensor, fp8_dtype) -> torch.Tensor:
+    """fp8 of float64 ``q`` (within +-fp8_max): the nearest value, ties to the even code."""
+    codes = torch.arange(128, dtype=torch.uint8)
+    vals = codes.view(fp8_dtype).double()
+    finite = vals.isfinite()
+    codes, vals = codes[finite].long(), vals[finite]
+    a = q.abs()
+    hi = torch.searchsorted(vals, a).clamp(max=len(vals) - 1)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = a - vals[lo], vals[hi] - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (codes[hi] % 2 == 0))
+    code = torch.where(pick_hi, codes[hi], codes[lo]) | (torch.signbit(q).long() << 7)
+    code = torch.where(q.isnan(), torch.full_like(code, 0x7F), code)
+    return code.to(torch.uint8).view(fp8_dtype)
+
+
+def _oracle_codes(y64: torch.Tensor, scale: torch.Tensor, fp8_dtype) -> torch.Tensor:
+    """fp8 of float64 y / scale, clamped (no float32 rounding in between)."""
+    m = _fp8_max(fp8_dtype)
+    return _fp8_encode((y64.double().cpu() / scale.double().cpu()).clamp(-m, m), fp8_dtype)
+
+
+def _oracle_scales(y64: torch.Tensor, fp8_dtype) -> torch.Tensor:
+    amax = y64.double().cpu().abs().amax(-1, keepdim=True)
+    return (amax / _fp8_max(fp8_dtype)).float().clamp_min(2.0**-126)
+
+
+def _assert_codes_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Equal codes but for at most a QUANT_MISMATCH fraction of them (plus QUANT_MISMATCH_SLACK),
+    those one step apart (same sign, adjacent bit patterns); NaN exactly where want is."""
+    g, w = got.cpu(), want.cpu()
+    assert g.dtype == w.dtype and g.shape == w.shape, what
+    assert torch.equal(g.float().isnan(), w.float().isnan()), f"{what}: NaN codes differ"
+    gb, wb = g.view(torch.uint8).int(), w.view(torch.uint8).int()
+    differ = gb != wb
+    n = int(differ.sum())
+    if n:
+        step = (gb[differ] - wb[differ]).abs()
+        same_sign = (gb[differ] & 0x80) == (wb[differ] & 0x80)
+        assert bool((step == 1).all() and same_sign.all()), (
+            f"{what}: codes differ by more than one step: got {gb[differ][:8].tolist()}, "
+            f"want {wb[differ][:8].tolist()}"
+        )
+    bound = QUANT_MISMATCH * g.numel() + QUANT_MISMATCH_SLACK
+    assert n <= bound, f"{what}: {n} of {g.numel()} codes differ"
+
+
+def _quant_call(fused, x, r, w, scale, eps, **kw):
+    if fused:
+        return ops.fused_add_rmsnorm_quant_fp8(x, r, w, scale, eps, **kw)
+    return ops.rmsnorm_quant_fp8(x, w, scale, eps, **kw)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "per_token"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(QUANT_CASES))
+def test_rmsnorm_quant_fp8(backend, case, fused, dynamic, backend_env):
+    device, ctx = backend_env
+    dtype, h, f8 = case
+    w = _randn((h,), dtype, device, 50)
+    for t in TOKENS[backend]:
+        # rows over three magnitudes
+        x = _randn((t, h), dtype, device, 600 + t, scale=3.0)
+        x = (x.float() * torch.exp2(torch.arange(t, device=device) % 3 - 1.0)[:, None]).to(dtype)
+        r = _randn((t, h), dtype, device, 700 + t, scale=2.0) if fused else None
+        x_before = x.clone()
+        total = (x.double() + r.double()).to(dtype) if fused else x
+        y64 = _oracle(total, w, 1e-6)
+        # a static scale that saturates the largest values
+        scale = None if dynamic else (y64.abs().amax().float() / _fp8_max(f8) * 0.8123).reshape(1)
+        out = _poison_fp8((t, h), f8, device)
+        scales = torch.full((t, 1), float("nan"), device=device) if dynamic else None
+        with ctx():
+            got, got_scale = _quant_call(fused, x, r, w, scale, 1e-6, out=out, scales=scales)
+        what = f"{'fused_add_' if fused else ''}rmsnorm_quant_fp8 T={t} H={h} {dtype}->{f8}"
+        assert got is out and got_scale is (scales if dynamic else scale), what
+        if dynamic:
+            torch.testing.assert_close(
+                scales.cpu(), _oracle_scales(y64, f8), rtol=1e-5, atol=0, msg=what + " scales"
+            )
+        _assert_codes_close(out, _oracle_codes(y64, scales if dynamic else scale, f8), what)
+        if fused:
+            torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0, msg=what)
+        assert torch.equal(x, x_before), what + ": input was written"
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rmsnorm_quant_fp8_is_exact_where_y_is(backend, fused, backend_env):
+    """Rows of +-1 with eps 0 normalize to exactly +-w (mean 1, rsqrt(1) = 1 on every backend), so
+    the codes and per-token scales must be bit-identical to the definition: the division by the
+    scale, the clamp and the conversion exactly as (y / scale).clamp(...).to(fp8). The weights span
+    many magnitudes (fp8 subnormals, saturation, rounding ties of the division)."""
+    device, ctx = backend_env
+    for dtype, h in ((BF16, 4096 if backend == "cuda" else 1024), (FP32, 1001)):
+        g = _gen("cpu", 60 + h)
+        mags = torch.exp2(torch.randint(-14, 10, (h,), generator=g).double())
+        w = (torch.randn(h, generator=g, dtype=torch.float64) * mags).to(dtype).to(device)
+        signs = torch.where(torch.rand(33, h, generator=g) < 0.5, -1.0, 1.0)
+        y = (signs * w.cpu().float()).float()  # exact: +-w
+        for f8 in (E4M3, E5M2):
+            for scale in (torch.tensor([0.0371]), torch.tensor([1.0]), None):
+                x = (signs * 0.5 if fused else signs).to(dtype).to(device)
+                r = (signs * 0.5).to(dtype).to(device) if fused else None
+                s = scale.to(device) if scale is not None else None
+                with ctx():
+                    out, got_scale = _quant_call(fused, x, r, w, s, 0.0, fp8_dtype=f8)
+                want_scale = _oracle_scales(y, f8) if scale is None else scale
+                what = f"exact rows {dtype} H={h} {f8} scale={scale}"
+                if scale is None:
+                    assert torch.equal(got_scale.cpu(), want_scale), what + " scales"
+                m = _fp8_max(f8)
+                want = (y / want_scale).clamp(-m, m).to(f8)
+                assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), what
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rmsnorm_quant_fp8_nan_inf_and_saturation(backend, fused, backend_env):
+    """The NaN/inf policy: a NaN in a row makes every code of that row NaN (and its per-token scale);
+    an inf makes the row's inv_rms 0, so its codes are 0 but NaN where the inf was (per token: that
+    NaN makes the scale NaN, so the whole row); other rows are unaffected. A static scale too small
+    saturates to +-fp8_max, a zero scale too (0 / 0 would be NaN), a NaN scale gives NaN codes."""
+    device, ctx = backend_env
+    dtype, h = (BF16, 4096) if backend == "cuda" else (BF16, 1024)
+    w = _randn((h,), dtype, device, 70)
+    x = _randn((4, h), dtype, device, 71)
+    x[1, 5], x[2, 7], x[3, 9] = float("nan"), float("inf"), float("-inf")
+    zeros = torch.zeros(4, h, dtype=dtype, device=device)
+    for f8 in (E4M3, E5M2):
+        for dynamic in (False, True):
+            scale = None if dynamic else torch.tensor([0.01], device=device)
+            xi, ri = (zeros.clone(), x.clone()) if fused else (x, None)
+            with ctx():
+                out, sc = _quant_call(fused, xi, ri, w, scale, 1e-6, fp8_dtype=f8)
+            v = out.float().cpu()
+            what = f"nan/inf {f8} {'per_token' if dynamic else 'static'}"
+            assert not v[0].isnan().any(), what + ": a finite row got NaN codes"
+            assert v[1].isnan().all(), what + ": the NaN row"
+            for row, col in ((2, 7), (3, 9)):
+                if dynamic:
+                    assert v[row].isnan().all(), what + ": an inf row (per token)"
+                else:
+                    assert v[row, col].isnan(), what + ": the inf position"
+                    rest = torch.cat([v[row, :col], v[row, col + 1 :]])
+                    assert (rest == 0).all(), what + ": the rest of an inf row"
+            if dynamic:
+                s = sc.cpu().flatten()
+                assert s[0].isfinite() and s[1:].isnan().all(), what + f" scales {s.tolist()}"
+    y = _randn((3, h), dtype, device, 72)
+    m = _fp8_max(E4M3)
+    for value, expect in ((1e-20, "max"), (0.0, "max"), (float("nan"), "nan")):
+        with ctx():
+            out, _ = ops.rmsnorm_quant_fp8(y, w, torch.tensor([value], device=device))
+        v = out.float().cpu()
+        if expect == "nan":
+            assert v.isnan().all(), f"scale {value}"
+        else:
+            want = torch.where(_oracle(y, w, 1e-6).cpu() < 0, -m, m).float()
+            assert torch.equal(v, want), f"scale {value}: not saturated to +-{m}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rmsnorm_quant_fp8_views_and_shapes(backend, backend_env):
+    """Strided rows (input, residual and out are column slices; input and residual two halves of one
+    buffer), 3-D inputs with [..., 1] or [T] scales, a 0-d static scale, out of another fp8 dtype."""
+    device, ctx = backend_env
+    dtype, h, t = BF16, 1024, 9
+    w = _randn((h,), dtype, device, 80)
+    buf = _randn((t, 2 * h + 64), dtype, device, 81)
+    x, r = buf[:, 32 : 32 + h], buf[:, 32 + h : 32 + 2 * h]
+    total = (x.double() + r.double()).to(dtype)
+    x_before, pad_before = x.clone(), buf[:, :32].clone()
+    obuf = _poison_fp8((t, h + 48), E5M2, device)
+    out = obuf[:, 16 : 16 + h]
+    with ctx():
+        got, scales = ops.fused_add_rmsnorm_quant_fp8(x, r, w, out=out)
+    assert got is out and scales.shape == (t, 1) and got.dtype == E5M2
+    torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
+    assert torch.equal(x, x_before) and torch.equal(buf[:, :32], pad_before)
+    y64 = _oracle(total, w, 1e-6)
+    _assert_codes_close(out, _oracle_codes(y64, scales, E5M2), "strided fused_add per token")
+    assert obuf[:, :16].float().isnan().all() and obuf[:, 16 + h :].float().isnan().all()
+
+    x3 = _randn((3, 5, h), dtype, device, 82)
+    y3 = _oracle(x3, w, 1e-6)
+    for scales in (None, torch.empty(15, device=device), torch.empty(3, 5, 1, device=device)):
+        with ctx():
+            out3, s3 = ops.rmsnorm_quant_fp8(x3, w, scales=scales)
+        assert out3.shape == x3.shape and (scales is None or s3 is scales)
+        assert s3.shape == ((3, 5, 1) if scales is None else scales.shape)
+        s3v = s3.reshape(3, 5, 1)
+        torch.testing.assert_close(s3v.cpu(), _oracle_scales(y3, E4M3), rtol=1e-5, atol=0)
+        _assert_codes_close(out3, _oracle_codes(y3, s3v, E4M3), "3-D per token")
+    s0 = torch.tensor(0.02, device=device)
+    with ctx():
+        out0, ret = ops.rmsnorm_quant_fp8(x3, w, s0)
+    assert ret is s0
+    _assert_codes_close(out0, _oracle_codes(y3, s0, E4M3), "3-D static, 0-d scale")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rmsnorm_quant_fp8_refuses_outputs_that_share_memory(backend, backend_env):
+    """A written tensor sharing memory with another argument is refused naming it, on every backend
+    with the same message (the kernels read rows while others are written)."""
+    device, ctx = backend_env
+    h = 256
+    w = _randn((h,), BF16, device, 90)
+    x = _randn((4, h), BF16, device, 91)
+    r = _randn((4, h), BF16, device, 92)
+    in_x = x.view(torch.uint8)[:, :h].view(E4M3)  # out over input's bytes
+    scales_in_out = torch.empty(4 * h, dtype=torch.uint8, device=device)
+    cases = [
+        (lambda: ops.rmsnorm_quant_fp8(x, w, out=in_x), "out: shares memory with input"),
+        (
+            lambda: ops.rmsnorm_quant_fp8(
+                x,
+                w,
+                out=scales_in_out.view(E4M3).view(4, h),
+                scales=scales_in_out[:16].view(torch.float32),
+            ),
+            "scales: shares memory with out",
+        ),
+        (lambda: ops.fused_add_rmsnorm_quant_fp8(x, x, w), "residual: shares memory with input"),
+        (
+            lambda: ops.fused_add_rmsnorm_quant_fp8(
+                x,
+                r,
+                w,
+                torch.tensor([1.0], device=device),
+                out=r.view(torch.uint8)[:, :h].view(E4M3),
+            ),
+            "out: shares memory with residual",
+        ),
+        (
+            lambda: ops.fused_add_rmsnorm_quant_fp8(x, r, r[0].clone().view(-1)[:h], out=None),
+            None,  # a copy of a row: allowed
+        ),
+    ]
+    for call, message in cases:
+        if message is None:
+            with ctx():
+                call()
+            continue
+        with ctx(), pytest.raises(ValueError, match="^" + message):
+            call()
+
+
+def test_rmsnorm_quant_fp8_bad_arguments_name_themselves():
+    x = torch.randn(3, 64, dtype=BF16)
+    w = torch.randn(64, dtype=BF16)
+    with pytest.raises(TypeError, match=r"^fp8_dtype: expected torch.float8_e4m3fn"):
+        ops.rmsnorm_quant_fp8(x, w, fp8_dtype=torch.int8)
+    with pytest.raises(TypeError, match=r"^out: dtype must be torch.float8_e5m2 \(fp8_dtype\)"):
+        ops.rmsnorm_quant_fp8(x, w, out=torch.empty(3, 64, dtype=E4M3), fp8_dtype=E5M2)
+    with pytest.raises(
+        ValueError, match=r"^out: dtype expected one of \{float8_e4m3fn, float8_e5m2\}"
+    ):
+        ops.rmsnorm_quant_fp8(x, w, out=torch.empty(3, 64, dtype=BF16))
+    with pytest.raises(ValueError, match=r"^scale: dimension 0 expected 1, got 2"):
+        ops.rmsnorm_quant_fp8(x, w, torch.ones(2))
+    with pytest.raises(
+        ValueError, match=r"^scale: dtype expected one of \{float32\}, got bfloat16"
+    ):
+        ops.rmsnorm_quant_fp8(x, w, torch.ones(1, dtype=BF16))
+    with pytest.raises(TypeError, match=r"^scale: expected a torch.Tensor, got float"):
+        ops.fused_add_rmsnorm_quant_fp8(x, x.clone(), w, 0.5)
+    with pytest.raises(ValueError, match=r"^scales: only with a dynamic scale"):
+        ops.rmsnorm_quant_fp8(x, w, torch.ones(1), scales=torch.empty(3, 1))
+    with pytest.raises(ValueError, match=r"^scales: dimension 0 expected 3 \(num_tokens\), got 4"):
+        ops.rmsnorm_quant_fp8(x, w, scales=torch.empty(4, 1))
+    with pytest.raises(ValueError, match=r"^scales: expected a contiguous tensor"):
+        ops.rmsnorm_quant_fp8(x, w, scales=torch.empty(3, 2)[:, :1])
+    with pytest.raises(ValueError, match=r"^out: sgljit writes it, but its elements may share"):
+        ops.rmsnorm_quant_fp8(x, w, out=torch.empty(1, 64, dtype=E4M3).expand(3, 64))
+    with pytest.raises(ValueError, match=r"^residual: dtype expected bfloat16"):
+        ops.fused_add_rmsnorm_quant_fp8(x, x.half(), w)
+    with pytest.raises(TypeError, match=r"^input: expected a torch.Tensor"):
+        ops.rmsnorm_quant_fp8([1.0], w)
+
+
+# ------------------------------------------------------------------------------------------------
 # CUDA only: many rows, torch.compile, CUDA graphs
 
 
@@ -433,6 +764,46 @@ def test_cuda_torch_compile_fullgraph(backend_env_cuda):
 
 
 @pytest.mark.gpu
+def test_cuda_rmsnorm_quant_fp8_compiles_and_replays(backend_env_cuda):
+    """The public functions in torch.compile(fullgraph=True) and in a CUDA graph give the eager
+    bytes (the kernel ops' own compile and graph checks are the conformance suite's)."""
+    h = 4096
+    w = _randn((h,), BF16, "cuda", 45)
+    scale = torch.tensor([0.02], device="cuda")
+
+    def layer(x, residual):
+        q, s = sgljit.ops.fused_add_rmsnorm_quant_fp8(x, residual, w)
+        q2, _ = sgljit.ops.rmsnorm_quant_fp8(residual, w, scale)
+        return q.view(torch.uint8), s, q2.view(torch.uint8)
+
+    for name in ("fused_add_rmsnorm_quant_fp8", "rmsnorm_quant_fp8"):
+        getattr(sgljit.ops, name)  # resolve the lazy namespace eagerly
+    compiled = torch.compile(layer, fullgraph=True)
+    for t in (7, 129):
+        x = _randn((t, h), BF16, "cuda", 46 + t)
+        r = _randn((t, h), BF16, "cuda", 47 + t)
+        r_eager = r.clone()
+        got, want = compiled(x, r), layer(x, r_eager)
+        assert torch.equal(r, r_eager)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+    x = _randn((33, h), BF16, "cuda", 48)
+    out = _poison_fp8((33, h), E4M3, "cuda")
+    scales = torch.empty(33, 1, device="cuda")
+    ops.rmsnorm_quant_fp8(x, w, out=out, scales=scales)  # load outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.rmsnorm_quant_fp8(x, w, out=out, scales=scales)
+    x.copy_(_randn((33, h), BF16, "cuda", 49))
+    graph.replay()
+    want_out, want_scales = ops.rmsnorm_quant_fp8(x, w)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.uint8), want_out.view(torch.uint8))
+    assert torch.equal(scales, want_scales)
+
+
+@pytest.mark.gpu
 def test_cuda_runs_on_the_current_stream(backend_env_cuda):
     h = 4096
     w = _randn((h,), BF16, "cuda", 40)
@@ -487,6 +858,11 @@ def test_ops_resolve_through_sgljit():
     ):
         assert getattr(sgljit.ops, name) is getattr(ops, name)
         assert hasattr(torch.ops.sgljit, name)
+    for name in ("rmsnorm_quant_fp8", "fused_add_rmsnorm_quant_fp8"):
+        assert getattr(sgljit.ops, name) is getattr(ops, name)
+        # the kernel ops under it: static and per-token scale
+        assert hasattr(torch.ops.sgljit, name + "_static")
+        assert hasattr(torch.ops.sgljit, name + "_per_token")
 
 
 def test_prebuild_specs_take_the_fast_path():

@@ -1,5 +1,6 @@
-"""sgljit-norm: RMSNorm, fused add + RMSNorm, their Gemma forms, and q/k norms. CUDA and SYCL
-kernels; the ops are ``sgljit.ops.<name>``."""
+"""sgljit-norm: RMSNorm, fused add + RMSNorm, their Gemma forms, q/k norms, and RMSNorm -> fp8
+(plain or after the fused add; static or per-token scale). CUDA and SYCL kernels; the ops are
+``sgljit.ops.<name>``."""
 
 MANIFEST = {
     "name": "norm",
@@ -12,6 +13,8 @@ MANIFEST = {
         "gemma_fused_add_rmsnorm": "sgljit_norm.ops:gemma_fused_add_rmsnorm",
         "qknorm": "sgljit_norm.ops:qknorm",
         "qknorm_across_heads": "sgljit_norm.ops:qknorm_across_heads",
+        "rmsnorm_quant_fp8": "sgljit_norm.ops:rmsnorm_quant_fp8",
+        "fused_add_rmsnorm_quant_fp8": "sgljit_norm.ops:fused_add_rmsnorm_quant_fp8",
     },
     "family": "sgljit_norm.ops:family",
 }

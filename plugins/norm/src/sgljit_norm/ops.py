@@ -1,11 +1,16 @@
 """The RMSNorm family: ``rmsnorm``, ``fused_add_rmsnorm``, ``gemma_rmsnorm``,
-``gemma_fused_add_rmsnorm``, ``qknorm`` and ``qknorm_across_heads``.
+``gemma_fused_add_rmsnorm``, ``qknorm``, ``qknorm_across_heads``, and RMSNorm -> fp8:
+``rmsnorm_quant_fp8`` and ``fused_add_rmsnorm_quant_fp8`` (static or per-token dynamic scale).
 
 Dtypes float16, bfloat16, float32; math in float32, cast once. Rows may be strided views (the last
 dimension must be contiguous). CUDA kernels are specialized by dtype and row width: every width that
 is a multiple of 16 bytes (8 elements of 16-bit types, 4 of float32) up to 4096 vectors per row
 (bf16/fp16 32768, fp32 16384) takes the fast path (the row lives in registers); any other width, or
 a row that is not 16-byte aligned, takes a correct generic kernel.
+
+RMSNorm -> fp8 quantizes the float32 normalized value (not rounded to the input dtype first, as
+FlashInfer's ``rmsnorm_quant``) with a correctly rounded division by the scale, clamped to the
+format's range: ``out = (y / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)``.
 """
 
 import torch
@@ -15,20 +20,25 @@ from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor, as_rows
 from . import reference
 
 __all__ = [
+    "FP8_DTYPES",
     "HEAD_DIMS",
     "compiled_width",
     "family",
     "fused_add_rmsnorm",
+    "fused_add_rmsnorm_quant_fp8",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
     "qknorm",
     "qknorm_across_heads",
     "rmsnorm",
+    "rmsnorm_quant_fp8",
 ]
 
 family = Family("norm", __file__)
 HEAD_DIMS = (64, 128, 256, 512, 1024)
-_MAX_VECS_PER_ROW = 4096  # csrc/norm.cuh NormConfig::kMaxVecsPerRow
+# csrc/norm.cuh NormConfig::kMaxVecsPerRow and csrc/norm_quant.cuh NormQuantConfig::kMaxVecsPerRow
+_MAX_VECS_PER_ROW = 4096
+FP8_DTYPES = reference.FP8_DTYPES
 _FLEET_DTYPES = (torch.bfloat16, torch.float16)
 _FLEET_HIDDENS = (
     1024,
@@ -309,6 +319,203 @@ _qknorm_across_heads = family.op(
 
 
 # ------------------------------------------------------------------------------------------------
+# RMSNorm -> fp8: four kernel ops (plain or fused add, static or per-token scale), one module per
+# (input dtype, fp8 dtype, width) exporting all four, on CUDA and on SYCL.
+
+_FP32 = (torch.float32,)
+_E4M3, _E5M2 = FP8_DTYPES
+_QUANT_TOL = {_E4M3: 0.125, _E5M2: 0.25}  # one fp8 step (see _quant_cases)
+
+
+def _quant_params(dtype: torch.dtype, fp8_dtype: torch.dtype, hidden: int) -> dict:
+    return {"dtype": dtype, "fp8_dtype": fp8_dtype, "width": compiled_width(dtype, hidden)}
+
+
+def _quant_sycl_key(input, out, *read) -> dict:
+    """The norm's SYCL key (access width from input, residual and weight) and the fp8 format."""
+    hidden = input.shape[-1]
+    return {**_sycl_key(input.dtype, hidden, _sycl_vec(hidden, *read)), "NQ_FP8": out.dtype}
+
+
+def _span(t: torch.Tensor) -> tuple | None:
+    """(first byte, end, row stride, row bytes, rows) of t's elements (csrc/norm_quant.cuh span_of)."""
+    if t.numel() == 0:
+        return None
+    item = t.element_size()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    begin = t.data_ptr()
+    if t.dim() == 2:
+        return begin, begin + (last + 1) * item, t.stride(0) * item, t.shape[1] * item, t.shape[0]
+    return begin, begin + (last + 1) * item, 0, (last + 1) * item, 1
+
+
+def _may_share(a: tuple | None, b: tuple | None) -> bool:
+    """Whether two spans may share bytes: they meet, unless both are rows of one stride that sit
+    side by side in each row (csrc/norm_quant.cuh may_share)."""
+    if a is None or b is None or a[1] <= b[0] or b[1] <= a[0]:
+        return False
+    if a[4] > 1 and b[4] > 1 and a[2] == b[2] and a[2] > 0:
+        d = (b[0] - a[0]) % a[2]
+        return not (d >= a[3] and d + b[3] <= a[2])
+    return True
+
+
+def _check_disjoint(op_args: dict, args: tuple) -> None:
+    """A written tensor must not share memory with another argument; each pair is checked in
+    signature order and the error names the later written one (as the CUDA entry points do)."""
+    names = list(op_args)
+    spans = [_span(a) if isinstance(a, torch.Tensor) else None for a in args]
+    for j, later in enumerate(names):
+        for i in range(j):
+            wi, wj = (
+                isinstance(op_args[n], Tensor) and op_args[n].written for n in (names[i], later)
+            )
+            if (wi or wj) and _may_share(spans[i], spans[j]):
+                name, other = (later, names[i]) if wj else (names[i], later)
+                raise ValueError(f"{name}: shares memory with {other}; pass a tensor of its own")
+
+
+def _quant_launch(name: str, fused: bool, dynamic: bool):
+    """The SYCL launch of a quant op: arguments (tensors..., eps) in the op's order, then the row
+    strides of input, [residual,] out."""
+
+    def launch(module, key, *args) -> None:
+        *tensors, eps = args
+        input, out = tensors[0], tensors[-2 if dynamic else -1]
+        rows = input.shape[0]
+        if rows == 0:
+            return
+        strides = [t.stride(0) for t in (input, *tensors[1 : 2 if fused else 1], out)]
+        kinds = ("ptr",) * len(tensors) + ("i64",) * len(strides) + ("f32",)
+        wg = key["NORM_WG"]
+        module.get_function(name, kinds)(rows * wg, wg, *tensors, *strides, eps)
+
+    return launch
+
+
+def _quant_case(tokens, hidden, dtype, fp8_dtype, *, fused, dynamic, pad=0, label="") -> Case:
+    """Random rows over several magnitudes; a static scale that saturates some e4m3 values. ``pad``:
+    input, residual and out are column slices of wider buffers (strided rows; pad odd: unaligned)."""
+
+    def make(device):
+        def rows(mul):  # rows of different magnitudes, as column slices of a wider buffer
+            full = torch.randn(tokens, hidden + pad, device=device) * mul
+            return full.mul(torch.rand(tokens, 1, device=device) + 0.1).to(dtype)[:, pad:]
+
+        w = torch.randn(hidden, device=device).to(dtype)
+        out = torch.empty(tokens, hidden + pad, device=device, dtype=fp8_dtype)[:, pad:]
+        scale = torch.tensor([0.0075], device=device)
+        scales = torch.empty(tokens, 1, device=device)
+        tail = (out, scales) if dynamic else (scale, out)
+        if fused:
+            return rows(3.0), rows(2.0), w, *tail, 1e-6
+        return rows(3.0), w, *tail, 1e-6
+
+    fp8 = _dtype_name(fp8_dtype).removeprefix("float8_")
+    name = f"{tokens}x{hidden}{label} {_dtype_name(dtype)}->{fp8}"
+    return Case(name, make, _QUANT_TOL[fp8_dtype])
+
+
+def _quant_cases(fused: bool, dynamic: bool) -> list[Case]:
+    """T=1, odd widths (generic kernel), strided and unaligned rows, both fp8 formats. Tolerance:
+    one fp8 step (max_error of adjacent codes is below 1/8 for e4m3, 1/4 for e5m2): the float32
+    normalized value depends in its last bits on the backend's rsqrt and summation order, which
+    moves a quotient lying that close to a rounding boundary (or on it: common with 16-bit inputs
+    and per-token scales) to the neighbouring code; tests/plugins/test_norm.py bounds how often."""
+    kw = {"fused": fused, "dynamic": dynamic}
+    return [
+        _quant_case(7, 4096, torch.bfloat16, _E4M3, **kw),
+        _quant_case(1, 4096, torch.bfloat16, _E5M2, **kw),
+        _quant_case(5, 1000, torch.float16, _E4M3, pad=24, label=" strided", **kw),
+        _quant_case(3, 37, torch.bfloat16, _E5M2, **kw),
+        _quant_case(4, 1001, torch.float32, _E4M3, pad=1, label=" unaligned", **kw),
+    ]
+
+
+_QUANT_PREBUILD = {
+    "cuda": [{"dtype": torch.bfloat16, "fp8_dtype": _E4M3, "width": h} for h in _FLEET_HIDDENS],
+    "sycl": [{**_sycl_key(torch.bfloat16, h, 8), "NQ_FP8": _E4M3} for h in _FLEET_HIDDENS],
+}
+
+
+def _quant_op(name: str, ref, *, fused: bool, dynamic: bool):
+    args = {"input": Tensor("num_tokens", "hidden")}
+    if fused:
+        args["residual"] = Tensor("num_tokens", "hidden", dtype="input", io="inout")
+    args["weight"] = Tensor("hidden", dtype="input", layout="contiguous")
+    out = Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, io="out")
+    if dynamic:
+        args["out"] = out
+        args["scales"] = Tensor("num_tokens", 1, dtype=_FP32, layout="contiguous", io="out")
+    else:
+        args["scale"] = Tensor(1, dtype=_FP32, layout="strided")
+        args["out"] = out
+    args["eps"] = Scalar(float, min=0.0)
+    out_index = list(args).index("out")
+    read = [list(args).index(n) for n in ("input", "residual", "weight") if n in args]
+
+    def checked_reference(*a):
+        _check_disjoint(args, a)
+        ref(*a)
+
+    launch = _quant_launch(name, fused, dynamic)
+
+    def checked_launch(module, key, *a):
+        _check_disjoint(args, a)
+        launch(module, key, *a)
+
+    entry = ("fused_" if fused else "rmsnorm_") + ("per_token" if dynamic else "static")
+    return family.op(
+        name,
+        args=args,
+        reference=checked_reference,
+        doc=ref.__doc__,
+        cuda=Cuda(
+            "csrc/norm_quant.cuh",
+            f"sgljit_norm_quant::NormQuantFp8<{{dtype}}, {{fp8_dtype}}, {{width}}>::{entry}",
+            key=lambda *a: (a[0].dtype, a[out_index].dtype, a[0].shape[1]),
+            params=_quant_params,
+            module="quant",
+        ),
+        sycl=Sycl(
+            "sycl/norm_quant.hpp",
+            key=lambda *a: _quant_sycl_key(a[0], a[out_index], *(a[i] for i in read)),
+            launch=checked_launch,
+            module="quant",
+        ),
+        # One entry per width builds the module the four ops share.
+        prebuild=_QUANT_PREBUILD if name == "rmsnorm_quant_fp8_static" else None,
+        cases=_quant_cases(fused, dynamic),
+    )
+
+
+_rmsnorm_quant_static = _quant_op(
+    "rmsnorm_quant_fp8_static",
+    reference.rmsnorm_quant_fp8_static_into,
+    fused=False,
+    dynamic=False,
+)
+_rmsnorm_quant_per_token = _quant_op(
+    "rmsnorm_quant_fp8_per_token",
+    reference.rmsnorm_quant_fp8_per_token_into,
+    fused=False,
+    dynamic=True,
+)
+_fused_quant_static = _quant_op(
+    "fused_add_rmsnorm_quant_fp8_static",
+    reference.fused_add_rmsnorm_quant_fp8_static_,
+    fused=True,
+    dynamic=False,
+)
+_fused_quant_per_token = _quant_op(
+    "fused_add_rmsnorm_quant_fp8_per_token",
+    reference.fused_add_rmsnorm_quant_fp8_per_token_,
+    fused=True,
+    dynamic=True,
+)
+
+
+# ------------------------------------------------------------------------------------------------
 # Public functions
 
 
@@ -382,3 +589,99 @@ def qknorm_across_heads(
     """In place, over whole rows: q ``[T, Hq*D]``, k ``[T, Hk*D]`` (rows may be strided),
     q_weight ``[Hq*D]``, k_weight ``[Hk*D]``."""
     _qknorm_across_heads(q, k, q_weight, k_weight, eps)
+
+
+def _fp8_dtype(fp8_dtype, out) -> torch.dtype:
+    """fp8_dtype, else out's dtype (its spec check names a wrong one), else float8_e4m3fn."""
+    if fp8_dtype is None:
+        return out.dtype if isinstance(out, torch.Tensor) else _E4M3
+    if fp8_dtype not in FP8_DTYPES:
+        raise TypeError(
+            f"fp8_dtype: expected torch.float8_e4m3fn or torch.float8_e5m2, got {fp8_dtype!r}"
+        )
+    if isinstance(out, torch.Tensor) and out.dtype != fp8_dtype:
+        raise TypeError(f"out: dtype must be {fp8_dtype} (fp8_dtype), got {out.dtype}")
+    return fp8_dtype
+
+
+def _quant_outputs(input, scale, fp8_dtype, out, scales) -> tuple:
+    """(out, scale or scales as given / allocated, and their [T, ...] views for the op)."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
+    fp8_dtype = _fp8_dtype(fp8_dtype, out)
+    if out is None:
+        out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
+    if scale is not None:
+        if scales is not None:
+            raise ValueError("scales: only with a dynamic scale (scale=None); got both")
+        view = scale.view(1) if isinstance(scale, torch.Tensor) and scale.dim() == 0 else scale
+        return out, scale, view
+    if scales is None:
+        scales = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
+    if isinstance(scales, torch.Tensor) and scales.dim() == 1:
+        view = scales.unsqueeze(-1)
+    else:
+        view = as_rows(scales, "scales", True)
+    return out, scales, view
+
+
+def rmsnorm_quant_fp8(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    fp8_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm, then fp8 quantization, in one pass: ``y = rmsnorm(input, weight, eps)`` in
+    float32 (not rounded to the input dtype), ``out = (y / scale).clamp(-fp8_max,
+    fp8_max).to(fp8_dtype)`` (correctly rounded float32 division, round to nearest even).
+
+    input ``[..., H]`` (float16, bfloat16, float32; rows may be strided, the last dimension
+    contiguous), weight ``[H]`` of its dtype. ``scale``: a float32 tensor ``[1]`` (or ``[]``), the
+    static scale; ``None``: dynamic, one scale per row (token),
+    ``max(absmax(y of the row) / fp8_max, 2^-126)``, written to ``scales`` (float32 ``[..., 1]``
+    or ``[T]``; allocated if not given). ``fp8_dtype``: torch.float8_e4m3fn (fp8_max 448, the
+    default) or torch.float8_e5m2 (57344); without it, ``out``'s dtype. ``out``: fp8 ``[..., H]``
+    (rows may be strided). Returns ``(out, scale)`` (the given scale, or the scales).
+
+    NaN and inf: a NaN in a row makes the whole row NaN (dynamic: its scale too); an inf makes
+    the row's inv_rms 0, so the row is 0 except NaN where the inf was (as ``rmsnorm``). Values
+    beyond the format's range after the division saturate to +-fp8_max; NaN stays NaN.
+    """
+    out, returned, scale_view = _quant_outputs(input, scale, fp8_dtype, out, scales)
+    x, o = as_rows(input, "input"), as_rows(out, "out", True)
+    if scale is None:
+        _rmsnorm_quant_per_token(x, weight, o, scale_view, eps)
+    else:
+        _rmsnorm_quant_static(x, weight, scale_view, o, eps)
+    return out, returned
+
+
+def fused_add_rmsnorm_quant_fp8(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    fp8_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual <- input + residual`` in place (rounded to the dtype, as
+    :func:`fused_add_rmsnorm`), then ``out`` = :func:`rmsnorm_quant_fp8` of the new residual.
+    ``input`` is only read (fused_add_rmsnorm overwrites it with the normalized row; here that
+    row goes to ``out`` as fp8). Arguments and result as :func:`rmsnorm_quant_fp8`; residual
+    ``[..., H]`` like input.
+    """
+    out, returned, scale_view = _quant_outputs(input, scale, fp8_dtype, out, scales)
+    x, r = as_rows(input, "input"), as_rows(residual, "residual", True)
+    o = as_rows(out, "out", True)
+    if scale is None:
+        _fused_quant_per_token(x, r, weight, o, scale_view, eps)
+    else:
+        _fused_quant_static(x, r, weight, scale_view, o, eps)
+    return out, returned

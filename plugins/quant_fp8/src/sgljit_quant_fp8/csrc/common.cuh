@@ -1,24 +1,12 @@
-// Shared by the quant_fp8 kernels: fp8 formats, the division x / scale, the dynamic scale, vector I/O
-// and absmax reductions.
-//
-// Division: x / scale must be the correctly rounded fp32 quotient (torch divides by the scale
-// tensor). For scales in [2^-40, 2^40] (Divider::fast) it is computed from the correctly rounded
-// reciprocal y = 1/scale by Markstein corrections (q0 = x*y, q1 = q0 + (x - s*q0)*y,
-// q2 = q1 + (x - s*q1)*y, fma residuals): fp32 inputs take both steps (the last is exact by
-// Markstein's theorem); bf16 and fp16 inputs (at most 11 significant bits) stop at q1, which for them
-// is already the correctly rounded quotient (checked exhaustively, every bf16 and fp16 significand
-// against every fp32 significand of the scale; tests/plugins/test_quant_fp8.py repeats it on the CPU
-// for a sample of scales). Quotients whose residuals could underflow are below 2^-60 (fp8 +-0, sign
-// kept by copysign); |x*y| >= 2^100 saturates either way. Other scales use __fdiv_rn.
-// Conversion: clamp + round-to-nearest-even = the hardware cvt.rn.satfinite (saturation to +-max is
-// the clamp; NaN stays NaN: 0x7F, as torch's conversion of the canonical NaN the GPU produces).
-// Dynamic scale: max(absmax / fp8_max, 2^-126) in fp32 (true division); absmax is a max over |x| bit
-// patterns, so a NaN anywhere gives a NaN scale, as torch.amax.
+// Shared by the quant_fp8 kernels: vector I/O and absmax reductions. The numerics (fp8 formats, the
+// correctly rounded division x / scale as Divider, the saturating conversion, the dynamic scale)
+// are core's (sgljit/fp8.cuh), used here through `using namespace sgljit`.
 #pragma once
 
 #include <cuda_fp8.h>
 
 #include <sgljit/cuda.cuh>
+#include <sgljit/fp8.cuh>
 #include <sgljit/reduce.cuh>
 #include <sgljit/type.cuh>
 #include <sgljit/vec.cuh>
@@ -30,87 +18,6 @@
 namespace sgljit_quant_fp8 {
 
 using namespace sgljit;
-
-// ------------------------------------------------------------------------------------------------
-// Numerics
-
-template <typename Q>
-struct Fp8;
-template <>
-struct Fp8<fp8_e4m3_t> {
-  static constexpr float kMax = 448.0f;
-  static constexpr __nv_fp8_interpretation_t kKind = __NV_E4M3;
-};
-template <>
-struct Fp8<fp8_e5m2_t> {
-  static constexpr float kMax = 57344.0f;
-  static constexpr __nv_fp8_interpretation_t kKind = __NV_E5M2;
-};
-
-// Smallest dynamic scale (2^-126, the smallest normal fp32): absmax / fp8_max below it (an all-zero
-// or denormal-only input) is raised to it, so the scale is never 0.
-inline constexpr float kMinScale = 1.17549435082228750797e-38f;
-
-// |x| as bits: for non-negative floats the unsigned order is the numeric order, and every NaN is
-// above +inf, so a max over these bits is a NaN-propagating absmax.
-SGLJIT_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
-
-SGLJIT_DEVICE float scale_from_absmax(uint32_t bits, float fp8_max) {
-  const float s = __fdiv_rn(__uint_as_float(bits), fp8_max);
-  return s < kMinScale ? kMinScale : s;  // NaN compares false: stays NaN
-}
-
-// How Divider computes x / s: kDivide (__fdiv_rn, any scale); for fast scales, kMarkstein (two
-// steps: any fp32 x) and kOneStep (one step: 16-bit x; see the top of the file), both the
-// correctly rounded quotient; kOneStepBounded, kOneStep without the guard for huge quotients, NaN and
-// inf, where |x / s| <= fp8_max is known (a dynamic scale from x's own absmax).
-enum Quotient : int { kDivide = 0, kMarkstein = 1, kOneStep = 2, kOneStepBounded = 3 };
-
-struct Divider {
-  float s, y;
-  SGLJIT_DEVICE explicit Divider(float scale) : s(scale) { y = __frcp_rn(scale); }
-  SGLJIT_DEVICE static bool fast(float scale) { return scale >= 0x1p-40f && scale <= 0x1p40f; }
-
-  // The one step's q1 before its sign is made x's (see operator() and Io::quantize_store).
-  SGLJIT_DEVICE float one_step_unsigned(float x) const {
-    const float q0 = __fmul_rn(x, y);
-    return __fmaf_rn(__fmaf_rn(-q0, s, x), y, q0);
-  }
-
-  // x / s as kMode says (see the top of the file).
-  template <int kMode>
-  SGLJIT_DEVICE float operator()(float x) const {
-    if constexpr (kMode == kOneStep || kMode == kOneStepBounded) {
-      // (copysign: an exactly cancelling sum would be +0 for a tiny negative x)
-      const float q1 = copysignf(one_step_unsigned(x), x);
-      if constexpr (kMode == kOneStepBounded) {
-        return q1;
-      } else {
-        const float q0 = __fmul_rn(x, y);
-        return fabsf(q0) < 0x1p100f ? q1 : q0;  // NaN, inf, huge: q0
-      }
-    } else if constexpr (kMode == kMarkstein) {
-      const float q0 = __fmul_rn(x, y);
-      const float r0 = __fmaf_rn(-q0, s, x);
-      const float q1 = __fmaf_rn(r0, y, q0);
-      const float r1 = __fmaf_rn(-q1, s, x);
-      const float q2 = __fmaf_rn(r1, y, q1);
-      return fabsf(q0) < 0x1p100f ? copysignf(q2, x) : q0;  // NaN, inf, huge: q0
-    } else {
-      return __fdiv_rn(x, s);
-    }
-  }
-};
-
-// Two quotients -> two fp8 bytes (low byte = first), clamped and rounded to nearest even.
-template <typename Q>
-SGLJIT_DEVICE uint16_t to_fp8x2(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, Fp8<Q>::kKind);
-}
-template <typename Q>
-SGLJIT_DEVICE uint8_t to_fp8(float a) {
-  return __nv_cvt_float_to_fp8(a, __NV_SATFINITE, Fp8<Q>::kKind);
-}
 
 inline bool aligned(const void* p, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
@@ -323,11 +230,5 @@ SGLJIT_DEVICE float scale_from_partials(const uint32_t* partial, int n, uint32_t
   }
   return scale_from_absmax(block_reduce_max_u32(m, red), Fp8<Q>::kMax);
 }
-
-// The correctly rounded division for fast scales (Divider::fast) of T's inputs: one Markstein step
-// for 16-bit inputs, two for fp32. kBounded: |x / s| <= fp8_max for every input (a dynamic scale).
-template <typename T, bool kBounded>
-inline constexpr int kFastQuotient =
-    sizeof(T) == 4 ? kMarkstein : kBounded ? kOneStepBounded : kOneStep;
 
 }  // namespace sgljit_quant_fp8

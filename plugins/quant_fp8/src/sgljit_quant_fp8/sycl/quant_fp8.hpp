@@ -2,14 +2,13 @@
 // maxima into a workspace, then every work-group reduces them and quantizes its range), per-token
 // (one work-group per row) and per-token-group (one work-group per group).
 //
-// SYCL has no fp8 type: fp32 -> fp8 is converted in software, bit for bit as PyTorch's conversion
-// (c10's float8 casts): round to nearest even, subnormals, NaN -> 0x7F | sign; values beyond the
-// range (never seen after the clamp) saturate (e4m3fn) or become inf (e5m2), as in PyTorch 2.13. Quantized
-// values are (x / scale) (IEEE fp32 division), clamped to +-fp8_max, converted; dynamic scales are
-// max(absmax / fp8_max, 2^-126), NaN-propagating; per-token-group scales max(absmax / fp8_max, eps),
-// optionally rounded up to a power of two. Output pointers are uint8_t (the fp8 bytes).
+// Quantized values are (x / scale) (IEEE fp32 division), clamped to +-fp8_max, converted bit for bit
+// as PyTorch's conversion; dynamic scales are max(absmax / fp8_max, 2^-126), NaN-propagating;
+// per-token-group scales max(absmax / fp8_max, eps), optionally rounded up to a power of two (the
+// numerics are core's, sgljit/sycl/fp8.hpp). Output pointers are uint8_t (the fp8 bytes).
 //
 // Specialization: -DSGLJIT_T=bf16_t|fp16_t|fp32_t (input), -DQFP8_E5M2=0|1 (e4m3fn or e5m2).
+#include <sgljit/sycl/fp8.hpp>
 #include <sgljit/sycl/kernel.hpp>
 
 #ifndef QFP8_E5M2
@@ -20,52 +19,15 @@ namespace sgljit_quant_fp8 {
 
 using T = sgljit::scalar_t;
 
-inline constexpr float kFp8Max = QFP8_E5M2 ? 57344.0f : 448.0f;
-inline constexpr float kMinScale = 1.17549435082228750797e-38f;  // 2^-126
+using Q = std::conditional_t<QFP8_E5M2 != 0, sgljit::fp8_e5m2_t, sgljit::fp8_e4m3_t>;
 
-// Round-to-nearest-even of |x| (bits `a`, below the smallest normal of the fp8 format) in units of
-// the format's smallest subnormal: value * 2^k = mantissa >> (150 - k - exponent).
-inline uint32_t subnormal_rne(uint32_t a, int k) {
-  const int e = static_cast<int>(a >> 23);
-  const uint32_t mant = (a & 0x7fffffu) | (e ? 0x800000u : 0u);
-  const int shift = 150 - k - (e ? e : 1);
-  if (shift >= 32) return 0u;
-  const uint32_t r = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
-  return r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
-}
+inline constexpr float kFp8Max = sgljit::Fp8<Q>::kMax;
+inline constexpr float kMinScale = sgljit::kMinScale;
 
-// fp32 -> fp8 byte, as torch's .to(float8_e4m3fn / float8_e5m2).
-inline uint8_t fp8_from_float(float f) {
-  const uint32_t bits = sycl::bit_cast<uint32_t>(f);
-  const uint32_t sign = (bits >> 24) & 0x80u;
-  uint32_t a = bits & 0x7fffffffu;
-#if QFP8_E5M2
-  if (a >= 0x47800000u) return static_cast<uint8_t>(sign | (a > 0x7f800000u ? 0x7fu : 0x7cu));  // >= 2^16
-  if (a < 0x38800000u) return static_cast<uint8_t>(sign | subnormal_rne(a, 16));                  // < 2^-14
-  a += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffffu + ((a >> 21) & 1u);
-  return static_cast<uint8_t>(sign | (a >> 21));
-#else
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);                 // NaN
-  if (a >= 0x43e80000u) return static_cast<uint8_t>(sign | 0x7eu);                // >= 464, inf: 448
-  if (a < 0x3c800000u) return static_cast<uint8_t>(sign | subnormal_rne(a, 9));  // < 2^-6
-  a += (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu + ((a >> 20) & 1u);
-  return static_cast<uint8_t>(sign | (a >> 20));
-#endif
-}
-
-inline uint8_t quantize(float x, float scale) {
-  float q = x / scale;
-  if (!sycl::isnan(q)) q = sycl::fmin(sycl::fmax(q, -kFp8Max), kFp8Max);
-  return fp8_from_float(q);
-}
-
-// |x| as bits: unsigned order = numeric order, NaN above inf (a NaN-propagating max).
-inline uint32_t abs_bits(float x) { return sycl::bit_cast<uint32_t>(x) & 0x7fffffffu; }
-
-inline float scale_from_absmax(uint32_t bits) {
-  const float s = sycl::bit_cast<float>(bits) / kFp8Max;
-  return s < kMinScale ? kMinScale : s;  // NaN stays NaN
-}
+inline uint8_t fp8_from_float(float f) { return sgljit::fp8_from_float<Q>(f); }
+inline uint8_t quantize(float x, float scale) { return sgljit::quantize<Q>(x, scale); }
+inline uint32_t abs_bits(float x) { return sgljit::abs_bits(x); }
+inline float scale_from_absmax(uint32_t bits) { return sgljit::scale_from_absmax<Q>(bits); }
 
 // 2^ceil(log2(s)) for a positive normal s, exactly (finite s above 2^127: inf); inf and NaN unchanged.
 inline float pow2_ceil(float s) {

@@ -1,0 +1,547 @@
+// RMSNorm -> fp8 in one pass: rmsnorm_quant_fp8 and fused_add_rmsnorm_quant_fp8, each with a static
+// scale (scale[0]) or a dynamic scale per token (row).
+//
+//   y      = x * rsqrt(mean(x^2) + eps) * w                    fp32, as rmsnorm; NOT rounded to T
+//   out    = (y / scale).clamp(-fp8_max, fp8_max).to(fp8)      correctly rounded division (sgljit/fp8.cuh)
+//   scale  = max(absmax(y of the row) / fp8_max, 2^-126)       per token, written to scales[row]
+//   fused: residual <- x + residual (rounded to T) first, and the row is that rounded sum; x is only read.
+//
+// Fast path (H a whole number of 16-byte vectors, at most NormQuantConfig::kMaxVecsPerRow of them;
+// input / residual / weight rows 16-byte aligned, out rows aligned to a vector's fp8 bytes): the norm
+// plugin's row design (csrc/norm.cuh). A "row group" of threads holds the row (and the weight) in
+// registers, every load issued together, so x is read from memory once; up to 32 threads the group is
+// a (sub-)warp reduced by shuffles, beyond it a multi-warp group reduced through shared memory
+// (double-buffered by parity: one barrier per reduction). One row group per block (small groups:
+// several), grid = row groups. Per token adds a second group reduction (max of |y| as bits) and then
+// recomputes y from the registers to quantize it. Each thread's vector of kVec elements becomes kVec
+// fp8 bytes in one store.
+// Launched with programmatic dependent launch; grids of at most kPrefetchBlocksPerSM blocks per SM first
+// prefetch their rows and the weight into L2, so the first DRAM round trip overlaps the previous kernel.
+// Generic path (any H, any alignment): one block per row, scalar accesses, each pass re-reading the row
+// (from L1/L2). Division: Markstein's two steps for scales in [2^-40, 2^40] (y is a full fp32 value),
+// __fdiv_rn otherwise (a uniform branch).
+// NaN/inf: a NaN in a row makes its sum of squares NaN, so the whole row quantizes to NaN (per token:
+// a NaN scale too); an inf makes inv_rms 0: the row is 0 except NaN where the inf was (inf * 0).
+#pragma once
+
+#include <sgljit/cuda.cuh>
+#include <sgljit/fp8.cuh>
+#include <sgljit/reduce.cuh>
+#include <sgljit/tensor.h>
+#include <sgljit/type.cuh>
+#include <sgljit/utils.h>
+#include <sgljit/vec.cuh>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace sgljit_norm_quant {
+
+using sgljit::AlignedVector;
+using sgljit::div_ceil;
+using sgljit::Divider;
+using sgljit::Fp8;
+using sgljit::from_float;
+using sgljit::to_float;
+using tvm::ffi::TensorView;
+
+struct NormQuantConfig {
+  // 16-byte vectors of a row a thread aims to hold (the fused add: of each of its two rows, input and
+  // residual, so half as many): as rmsnorm's row groups.
+  static constexpr int kVecsPerThread = 4;
+  static constexpr int kFusedVecsPerThread = 2;
+  // Largest row on the fast path (1024 threads x 4 vectors); ops.py's _MAX_VECS_PER_ROW mirrors it.
+  static constexpr int kMaxVecsPerRow = 4096;
+  // Resident threads per SM the register budget (__launch_bounds__) is sized for: 64 registers.
+  static constexpr int kThreadsPerSM = 1024;
+  // Threads of the smallest block: several (sub-)warp row groups share a block below it.
+  static constexpr int kMinBlock = 128;
+  // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids the
+  // prefetches compete with the previous kernel's loads.
+  static constexpr int kPrefetchBlocksPerSM = 1;
+  // Generic path: threads per block (one block per row).
+  static constexpr int kGenericThreads = 256;
+  // Stores (residual and fp8 out): streaming (st.global.cs, evict-first) for the fused add, which
+  // writes two rows per row; plain otherwise (as rmsnorm and fused_add_rmsnorm).
+  template <bool kFused>
+  static constexpr bool kStreamingStores = kFused;
+};
+
+constexpr int pow2_ceil(int x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+// Threads of a multi-warp row group of n vectors at about `target` vectors a thread: a power of two,
+// unless whole warps leave fewer vector slots idle (H=5120 bf16: 160 threads x 4, not 256 x 3).
+constexpr int idle_slots(int n, int threads) { return threads * div_ceil(n, threads) - n; }
+constexpr int group_threads(int n, int target) {
+  const int pow2 = std::clamp(pow2_ceil(div_ceil(n, target)), 64, 1024);
+  const int warps = std::clamp(div_ceil(div_ceil(n, target), 32) * 32, 64, 1024);
+  return idle_slots(n, warps) < idle_slots(n, pow2) ? warps : pow2;
+}
+
+// How a row of kH elements of T is spread over a row group of threads holding about kTarget vectors.
+template <typename T, int kH, int kTarget>
+struct RowShape {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+  static constexpr int kNumVec = kH / kVec;
+  static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= NormQuantConfig::kMaxVecsPerRow;
+  static constexpr int kThreads = !kValid                   ? 1
+                                  : kNumVec <= 32 * kTarget ? std::min(32, pow2_ceil(kNumVec))
+                                                            : group_threads(kNumVec, kTarget);
+  static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
+  // Within the target the weight stays in registers (loaded with the row); wider rows (only where 1024
+  // threads are not enough) read it from L1 when they need it, to stay within the register budget.
+  static constexpr bool kWeightInRegs = kVecsPerThread <= kTarget;
+  // Threads per block: one multi-warp group, or (sub-)warp groups filling kMinBlock threads.
+  static constexpr int kBlock =
+      kThreads >= NormQuantConfig::kMinBlock ? kThreads : div_ceil(NormQuantConfig::kMinBlock, kThreads) * kThreads;
+};
+
+// The kernels' arguments; strides in elements (out: fp8 bytes). In the fused add `in` is x and `res`
+// the residual (read, then overwritten with x + residual); elsewhere res is unused.
+template <typename T>
+struct NormQuantArgs {
+  const T* in;
+  T* res;
+  const T* weight;
+  uint8_t* out;
+  const float* scale;  // static: scale[0]
+  float* scales;       // dynamic: one per row
+  int64_t rows, hidden;
+  int64_t in_stride, res_stride, out_stride;
+  float eps;
+};
+
+// 16-byte load through the read-only path.
+template <typename V>
+SGLJIT_DEVICE void load16(V& v, const void* ptr) {
+  static_assert(sizeof(V) == 16, "load16 moves 16 bytes");
+  const uint4 r = __ldg(static_cast<const uint4*>(ptr));
+  memcpy(&v, &r, sizeof(V));
+}
+
+template <int kBytes>
+struct FpBytes;
+template <>
+struct FpBytes<8> {
+  using type = uint2;
+};
+template <>
+struct FpBytes<4> {
+  using type = unsigned int;
+};
+
+// Stores raw bytes: streaming (st.global.cs, evict-first) or plain.
+template <bool kStreaming, typename R>
+SGLJIT_DEVICE void store_raw(const R& r, void* ptr) {
+  if constexpr (kStreaming) {
+    __stcs(static_cast<R*>(ptr), r);
+  } else {
+    *static_cast<R*>(ptr) = r;
+  }
+}
+
+// Sum / max over a row group of kThreads threads (every thread of the block calls it). `red`: kBlock / 32
+// words, not the ones the previous reduction used (the caller alternates two sets).
+template <int kThreads>
+SGLJIT_DEVICE float group_sum(float v, float* red) {
+  if constexpr (kThreads <= 32) {
+    return sgljit::warp_reduce_sum<kThreads>(v);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = sgljit::warp_reduce_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < kWarps ? red[(warp / kWarps) * kWarps + lane] : 0.0f;
+    return sgljit::warp_reduce_sum(v);
+  }
+}
+
+template <int kThreads>
+SGLJIT_DEVICE uint32_t group_max(uint32_t v, float* red) {
+  if constexpr (kThreads < 32) {
+#pragma unroll
+    for (int offset = kThreads / 2; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(sgljit::kFullMask, v, offset));
+    return v;
+  } else if constexpr (kThreads == 32) {
+    return __reduce_max_sync(sgljit::kFullMask, v);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = __reduce_max_sync(sgljit::kFullMask, v);
+    if (lane == 0) red[warp] = __uint_as_float(v);
+    __syncthreads();
+    v = lane < kWarps ? __float_as_uint(red[(warp / kWarps) * kWarps + lane]) : 0u;
+    return __reduce_max_sync(sgljit::kFullMask, v);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fast path
+// ------------------------------------------------------------------------------------------------
+template <typename T, typename Q, int kH, int kTarget, bool kFused, bool kDynamic>
+__global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
+                                  std::max(1, NormQuantConfig::kThreadsPerSM / RowShape<T, kH, kTarget>::kBlock))
+    norm_quant_kernel(const NormQuantArgs<T> a, const bool prefetch) {
+  using Shape = RowShape<T, kH, kTarget>;
+  static_assert(Shape::kValid, "RowShape: H must be a multiple of the vector width, at most kMaxVecsPerRow vectors");
+  constexpr int kVec = Shape::kVec, kNumVec = Shape::kNumVec, kTPR = Shape::kThreads, kVPT = Shape::kVecsPerThread;
+  constexpr int kBlock = Shape::kBlock, kRowsPerBlock = kBlock / kTPR, kRedSlots = kBlock / 32;
+  constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
+  using V = AlignedVector<T, kVec>;
+  using Out = typename FpBytes<kVec>::type;  // kVec fp8 bytes
+  __shared__ float red[2 * kRedSlots];
+
+  const int sub = threadIdx.x / kTPR, lane = threadIdx.x % kTPR;
+  const int64_t groups = div_ceil<int64_t>(a.rows, kRowsPerBlock);
+  // Vector j of this thread is vector j * kTPR + lane of the row: consecutive lanes, consecutive 16 bytes.
+  auto has = [lane](int j) { return kExact || j * kTPR + lane < kNumVec; };
+  auto col = [lane](int j) { return (j * kTPR + lane) * kVec; };
+
+  if (prefetch && lane == 0) {  // one bulk request per row (see sgljit::prefetch_l2_bulk)
+    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + sub;
+    if (row < a.rows) {
+      sgljit::prefetch_l2_bulk(a.in + row * a.in_stride, kNumVec * 16);
+      if constexpr (kFused) sgljit::prefetch_l2_bulk(a.res + row * a.res_stride, kNumVec * 16);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) sgljit::prefetch_l2_bulk(a.weight, kNumVec * 16);
+  }
+  sgljit::pdl_wait();
+  sgljit::pdl_launch_dependents();
+
+  V w[Shape::kWeightInRegs ? kVPT : 1];
+  if constexpr (Shape::kWeightInRegs) {
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) {
+      if (has(j)) w[j].load(a.weight + col(j));
+    }
+  }
+  float static_scale = 0.0f;
+  if constexpr (!kDynamic) static_scale = __ldg(a.scale);
+
+  int parity = 0;
+  // Grid = row groups, so a block runs one iteration (more only past grid.x's 2^31 - 1 blocks).
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t row = g * kRowsPerBlock + sub;
+    const bool valid = row < a.rows;
+    const T* in = a.in + row * a.in_stride;
+    T* res = a.res + (kFused ? row * a.res_stride : 0);
+    V x[kVPT];
+    float ss = 0.0f;
+    if (valid) {
+      V r[kFused ? kVPT : 1];
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        if (has(j)) {
+          load16(x[j], in + col(j));
+          if constexpr (kFused) load16(r[j], res + col(j));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        if (has(j)) {
+          if constexpr (kFused) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) x[j][e] = from_float<T>(to_float(x[j][e]) + to_float(r[j][e]));
+            uint4 raw;
+            memcpy(&raw, &x[j], sizeof(raw));
+            store_raw<NormQuantConfig::kStreamingStores<true>>(raw, res + col(j));
+          }
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) {
+            const float f = to_float(x[j][e]);
+            ss += f * f;
+          }
+        }
+      }
+    }
+    ss = group_sum<kTPR>(ss, red + parity * kRedSlots);
+    parity ^= 1;
+    const float inv_rms = rsqrtf(ss / static_cast<float>(kH) + a.eps);
+
+    auto weight = [&](int j) {
+      if constexpr (Shape::kWeightInRegs) {
+        return w[j];
+      } else {
+        V wv;
+        wv.load(a.weight + col(j));
+        return wv;
+      }
+    };
+    float s = static_scale;
+    if constexpr (kDynamic) {
+      uint32_t m = 0;
+      if (valid) {
+#pragma unroll
+        for (int j = 0; j < kVPT; ++j) {
+          if (has(j)) {
+            const V wv = weight(j);
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) m = max(m, sgljit::abs_bits(to_float(x[j][e]) * inv_rms * to_float(wv[e])));
+          }
+        }
+      }
+      m = group_max<kTPR>(m, red + parity * kRedSlots);
+      parity ^= 1;
+      s = sgljit::scale_from_absmax(m, Fp8<Q>::kMax);
+      if (valid && lane == 0) a.scales[row] = s;
+    }
+    if (!valid) continue;
+
+    const Divider div(s);
+    uint8_t* out = a.out + row * a.out_stride;
+    auto quantize_row = [&](auto mode) {
+      constexpr int kMode = decltype(mode)::value;
+#pragma unroll
+      for (int j = 0; j < kVPT; ++j) {
+        if (has(j)) {
+          const V wv = weight(j);
+          uint16_t pairs[kVec / 2];
+#pragma unroll
+          for (int e = 0; e < kVec; e += 2) {
+            const float y0 = to_float(x[j][e]) * inv_rms * to_float(wv[e]);
+            const float y1 = to_float(x[j][e + 1]) * inv_rms * to_float(wv[e + 1]);
+            pairs[e / 2] = sgljit::to_fp8x2<Q>(div.template operator()<kMode>(y0), div.template operator()<kMode>(y1));
+          }
+          Out raw;
+          memcpy(&raw, pairs, sizeof(raw));
+          store_raw<NormQuantConfig::kStreamingStores<kFused>>(raw, out + col(j));
+        }
+      }
+    };
+    if (Divider::fast(s)) {
+      // (a scale from the row's own absmax bounds every quotient by fp8_max: no guard for huge ones)
+      quantize_row(std::integral_constant<int, kDynamic ? sgljit::kMarksteinBounded : sgljit::kMarkstein>{});
+    } else {
+      quantize_row(std::integral_constant<int, sgljit::kDivide>{});
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Generic path: any width, any alignment
+// ------------------------------------------------------------------------------------------------
+template <typename T, typename Q, bool kFused, bool kDynamic>
+__global__ void __launch_bounds__(NormQuantConfig::kGenericThreads)
+    norm_quant_generic_kernel(const NormQuantArgs<T> a) {
+  __shared__ float red[32];
+  sgljit::pdl_wait();
+  sgljit::pdl_launch_dependents();
+  const int64_t h = a.hidden;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* in = a.in + row * a.in_stride;
+    T* res = a.res + (kFused ? row * a.res_stride : 0);
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+      float v = to_float(in[c]);
+      if constexpr (kFused) {
+        const T sum = from_float<T>(v + to_float(res[c]));
+        res[c] = sum;
+        v = to_float(sum);
+      }
+      ss += v * v;
+    }
+    ss = sgljit::block_reduce_sum(ss, red);
+    const float inv_rms = rsqrtf(ss / static_cast<float>(h) + a.eps);
+    // Later passes read what this same thread read (or, fused, wrote) in the first.
+    const T* src = kFused ? res : in;
+    auto y = [&](int64_t c) { return to_float(src[c]) * inv_rms * to_float(a.weight[c]); };
+    float s;
+    if constexpr (kDynamic) {
+      uint32_t m = 0;
+      for (int64_t c = threadIdx.x; c < h; c += blockDim.x) m = max(m, sgljit::abs_bits(y(c)));
+      m = __reduce_max_sync(sgljit::kFullMask, m);
+      if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = __uint_as_float(m);
+      __syncthreads();
+      m = 0;
+      for (int i = 0; i < static_cast<int>(blockDim.x / 32); ++i) m = max(m, __float_as_uint(red[i]));
+      __syncthreads();  // red is rewritten by the next row's reduction
+      s = sgljit::scale_from_absmax(m, Fp8<Q>::kMax);
+      if (threadIdx.x == 0) a.scales[row] = s;
+    } else {
+      s = __ldg(a.scale);
+    }
+    const Divider div(s);
+    const bool fast = Divider::fast(s);
+    uint8_t* out = a.out + row * a.out_stride;
+    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+      const float q = fast ? div.template operator()<sgljit::kMarkstein>(y(c)) : div.template operator()<sgljit::kDivide>(y(c));
+      out[c] = sgljit::to_fp8<Q>(q);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------------
+inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename T, bool kFused>
+bool fast_layout(const NormQuantArgs<T>& a) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  bool ok = aligned(a.in, 16) && aligned(a.weight, 16) && aligned(a.out, kVec);
+  ok = ok && a.in_stride % kVec == 0 && a.out_stride % kVec == 0;
+  if constexpr (kFused) ok = ok && aligned(a.res, 16) && a.res_stride % kVec == 0;
+  return ok;
+}
+
+template <typename T, typename Q, int kH, bool kFused, bool kDynamic>
+void launch(const NormQuantArgs<T>& a, DLDevice device, const char* name) {
+  constexpr int kTarget = kFused ? NormQuantConfig::kFusedVecsPerThread : NormQuantConfig::kVecsPerThread;
+  using Shape = RowShape<T, kH, kTarget>;
+  if constexpr (kH > 0 && Shape::kValid) {
+    if (fast_layout<T, kFused>(a)) {
+      constexpr auto kernel = norm_quant_kernel<T, Q, kH, kTarget, kFused, kDynamic>;
+      const int64_t groups = div_ceil<int64_t>(a.rows, Shape::kBlock / Shape::kThreads);
+      const int grid = static_cast<int>(std::min<int64_t>(groups, 0x7fffffff));
+      const bool prefetch = grid <= int64_t{sgljit::num_sms(device.device_id)} * NormQuantConfig::kPrefetchBlocksPerSM;
+      sgljit::LaunchKernel(kernel, grid, Shape::kBlock, 0, device, name).pdl()(a, prefetch);
+      return;
+    }
+  }
+  constexpr auto kernel = norm_quant_generic_kernel<T, Q, kFused, kDynamic>;
+  constexpr int kThreads = NormQuantConfig::kGenericThreads;
+  const int64_t resident =
+      int64_t{sgljit::num_sms(device.device_id)} * sgljit::resident_blocks<kernel>(device.device_id, kThreads);
+  const int grid = static_cast<int>(std::min<int64_t>(a.rows, resident));
+  sgljit::LaunchKernel(kernel, grid, kThreads, 0, device, name).pdl()(a);
+}
+
+// Bytes [begin, end) a tensor's elements lie in (empty: begin == end).
+struct Span {
+  uintptr_t begin, end;
+  int64_t row_stride, row_bytes, rows;  // in bytes; a 2-D tensor's rows
+};
+
+inline Span span_of(const TensorView& t) {
+  const int64_t item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.size(i) == 0) return {begin, begin, 0, 0, 0};
+    last += (t.size(i) - 1) * t.stride(i);
+  }
+  const int64_t rows = t.ndim() == 2 ? t.size(0) : 1;
+  const int64_t row_bytes = t.ndim() == 2 ? t.size(1) * item : (last + 1) * item;
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * item), t.ndim() == 2 ? t.stride(0) * item : 0, row_bytes,
+          rows};
+}
+
+// Whether two tensors may share bytes: their spans meet, unless both are rows of one stride that sit
+// side by side in each row (e.g. two column slices of one buffer).
+inline bool may_share(const Span& a, const Span& b) {
+  if (a.begin == a.end || b.begin == b.end || a.end <= b.begin || b.end <= a.begin) return false;
+  if (a.rows > 1 && b.rows > 1 && a.row_stride == b.row_stride && a.row_stride > 0) {
+    const int64_t s = a.row_stride;
+    const int64_t d = ((static_cast<int64_t>(b.begin - a.begin) % s) + s) % s;  // b's row start within a's row period
+    return !(d >= a.row_bytes && d + b.row_bytes <= s);
+  }
+  return true;
+}
+
+// A tensor the op writes must not share memory with another argument (the kernels read rows while
+// others are written). Refused naming the written tensor.
+inline void check_disjoint(const TensorView& written, const char* name, const TensorView& other, const char* other_name) {
+  sgljit::RuntimeCheck(!may_share(span_of(written), span_of(other)), name, ": shares memory with ", other_name,
+                       "; pass a tensor of its own");
+}
+
+inline void check_width(int64_t compiled, int64_t actual) {
+  sgljit::RuntimeCheck(compiled == 0 || compiled == actual, "input: this module was compiled for width ", compiled,
+                       ", got ", actual);
+}
+
+template <typename Q>
+void check_fp8(const TensorView& out) {
+  SGLJIT_CHECK(sgljit::same_dtype(out.dtype(), sgljit::DTypeTrait<Q>::value), "out: this module was compiled for ",
+               sgljit::dtype_name(sgljit::DTypeTrait<Q>::value), ", got ", sgljit::dtype_name(out.dtype()));
+}
+
+// The entry points. Shapes, strides, dtypes, devices and self-overlap were checked by the code sgljit.op
+// generates from the ops' declared arguments (see ops.py): input, residual [T, H] and out [T, H] fp8 with
+// unit last stride, weight [H] contiguous, scale fp32 [1], scales fp32 [T, 1] contiguous. Here: the width
+// and fp8 format this module was compiled for, and that written tensors share no memory with the others.
+template <typename T, typename Q, int kH>
+struct NormQuantFp8 {
+  template <bool kFused, bool kDynamic>
+  static void run(const TensorView& input, const TensorView* residual, const TensorView& weight, const TensorView& out,
+                  const TensorView* scale, const TensorView* scales, double eps, const char* name) {
+    check_width(kH, input.size(1));
+    check_fp8<Q>(out);
+    const int64_t n = input.size(0);
+    if (n == 0) return;
+    // The stride of a size-1 dimension is meaningless (and may be anything): make it 0.
+    auto s0 = [n](const TensorView& t) { return n == 1 ? int64_t{0} : t.stride(0); };
+    NormQuantArgs<T> a{};
+    a.in = static_cast<const T*>(input.data_ptr());
+    a.weight = static_cast<const T*>(weight.data_ptr());
+    a.out = static_cast<uint8_t*>(out.data_ptr());
+    a.rows = n;
+    a.hidden = input.size(1);
+    a.in_stride = s0(input);
+    a.out_stride = s0(out);
+    a.eps = static_cast<float>(eps);
+    if (residual) {
+      a.res = static_cast<T*>(residual->data_ptr());
+      a.res_stride = s0(*residual);
+    }
+    if (scale) a.scale = static_cast<const float*>(scale->data_ptr());
+    if (scales) a.scales = static_cast<float*>(scales->data_ptr());
+    launch<T, Q, kH, kFused, kDynamic>(a, input.device(), name);
+  }
+
+  // out = quantize(rmsnorm(input) / scale[0]).
+  static void rmsnorm_static(TensorView input, TensorView weight, TensorView scale, TensorView out, double eps) {
+    check_disjoint(out, "out", input, "input");
+    check_disjoint(out, "out", weight, "weight");
+    check_disjoint(out, "out", scale, "scale");
+    run<false, false>(input, nullptr, weight, out, &scale, nullptr, eps, "rmsnorm_quant_fp8 (static)");
+  }
+
+  // out[t] = quantize(rmsnorm(input[t]) / scales[t]), scales[t] from the row's absmax.
+  static void rmsnorm_per_token(TensorView input, TensorView weight, TensorView out, TensorView scales, double eps) {
+    check_disjoint(out, "out", input, "input");
+    check_disjoint(out, "out", weight, "weight");
+    check_disjoint(scales, "scales", input, "input");
+    check_disjoint(scales, "scales", weight, "weight");
+    check_disjoint(scales, "scales", out, "out");
+    run<false, true>(input, nullptr, weight, out, nullptr, &scales, eps, "rmsnorm_quant_fp8 (per token)");
+  }
+
+  // residual <- input + residual; out = quantize(rmsnorm(residual) / scale[0]).
+  static void fused_static(TensorView input, TensorView residual, TensorView weight, TensorView scale, TensorView out,
+                           double eps) {
+    check_disjoint(residual, "residual", input, "input");
+    check_disjoint(residual, "residual", weight, "weight");
+    check_disjoint(residual, "residual", scale, "scale");
+    check_disjoint(out, "out", input, "input");
+    check_disjoint(out, "out", residual, "residual");
+    check_disjoint(out, "out", weight, "weight");
+    check_disjoint(out, "out", scale, "scale");
+    run<true, false>(input, &residual, weight, out, &scale, nullptr, eps, "fused_add_rmsnorm_quant_fp8 (static)");
+  }
+
+  // residual <- input + residual; out[t] = quantize(rmsnorm(residual[t]) / scales[t]).
+  static void fused_per_token(TensorView input, TensorView residual, TensorView weight, TensorView out,
+                              TensorView scales, double eps) {
+    check_disjoint(residual, "residual", input, "input");
+    check_disjoint(residual, "residual", weight, "weight");
+    check_disjoint(out, "out", input, "input");
+    check_disjoint(out, "out", residual, "residual");
+    check_disjoint(out, "out", weight, "weight");
+    check_disjoint(scales, "scales", input, "input");
+    check_disjoint(scales, "scales", residual, "residual");
+    check_disjoint(scales, "scales", weight, "weight");
+    check_disjoint(scales, "scales", out, "out");
+    run<true, true>(input, &residual, weight, out, nullptr, &scales, eps, "fused_add_rmsnorm_quant_fp8 (per token)");
+  }
+};
+
+}  // namespace sgljit_norm_quant

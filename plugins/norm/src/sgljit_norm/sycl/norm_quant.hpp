@@ -1,0 +1,150 @@
+// RMSNorm -> fp8 for SYCL (rmsnorm_quant_fp8, fused_add_rmsnorm_quant_fp8; static scale or one
+// dynamic scale per row): one work-group per row, the row kept in private memory (read once),
+// NORM_VEC-wide aligned loads, work-group reductions, sub-groups of 16; the fp8 bytes are stored one
+// by one.
+//
+//   y = x * rsqrt(mean(x^2) + eps) * w            fp32, not rounded to T
+//   out = quantize(y / scale)                      sgljit/sycl/fp8.hpp (IEEE division, clamp, PyTorch's conversion)
+//   per token: scale = max(absmax(y of the row) / fp8_max, 2^-126), written to scales[row]
+//   fused: res <- in + res (rounded to T) first, and the row is that sum; in is only read.
+//
+// Specialized with -D macros: SGLJIT_T (element type), NQ_FP8 (fp8_e4m3_t or fp8_e5m2_t), NORM_HIDDEN
+// (row width; 0: no elements, a dynamic scale of 2^-126), NORM_VEC (elements per load; rows and weight
+// NORM_VEC-aligned), NORM_WG (work-items per row, a multiple of 16). The host launches rows * NORM_WG
+// work-items in work-groups of NORM_WG.
+#include <sgljit/sycl/fp8.hpp>
+#include <sgljit/sycl/kernel.hpp>
+
+#ifndef NORM_HIDDEN
+#error "norm_quant.hpp: compile with -DNORM_HIDDEN=<row width>"
+#endif
+#ifndef NQ_FP8
+#error "norm_quant.hpp: compile with -DNQ_FP8=fp8_e4m3_t or fp8_e5m2_t"
+#endif
+#ifndef NORM_VEC
+#define NORM_VEC 1
+#endif
+#ifndef NORM_WG
+#define NORM_WG 64
+#endif
+
+using T = sgljit::scalar_t;
+
+namespace sgljit_norm_quant {
+
+using Q = sgljit::NQ_FP8;
+constexpr int kH = NORM_HIDDEN;
+constexpr int kVec = NORM_VEC;
+constexpr int kWG = NORM_WG;
+static_assert(kH >= 0 && kH % kVec == 0, "NORM_HIDDEN must be a multiple of NORM_VEC");
+static_assert(kWG % 16 == 0, "NORM_WG must be a multiple of the sub-group size");
+constexpr int kNumVec = kH / kVec;
+constexpr int kPerItem = (kNumVec + kWG - 1) / kWG;
+using V = sgljit::AlignedVector<T, kVec>;
+
+// One row. kFused: res <- in + res first; kDynamic: the scale from the row (stored to *scale_out),
+// else *scale_in.
+template <bool kFused, bool kDynamic>
+inline void norm_quant_row(const T* in, T* res, const T* w, uint8_t* out, const float* scale_in, float* scale_out,
+                           float eps) {
+  const auto it = syclext::this_work_item::get_nd_item<1>();
+  const int lid = static_cast<int>(it.get_local_id(0));
+  V x[kPerItem > 0 ? kPerItem : 1];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerItem; ++j) {
+    const int c = j * kWG + lid;
+    if (c < kNumVec) {
+      x[j].load(in + c * kVec);
+      if constexpr (kFused) {
+        V r;
+        r.load(res + c * kVec);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          x[j][e] = sgljit::from_float<T>(sgljit::to_float(x[j][e]) + sgljit::to_float(r[e]));
+        }
+        x[j].store(res + c * kVec);
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float f = sgljit::to_float(x[j][e]);
+        ss += f * f;
+      }
+    }
+  }
+  ss = sgljit::work_group_reduce_sum(ss);
+  const float inv_rms = sycl::rsqrt(ss / static_cast<float>(kH) + eps);
+  auto y = [&](int j, const V& wv, int e) { return sgljit::to_float(x[j][e]) * inv_rms * sgljit::to_float(wv[e]); };
+
+  float s;
+  if constexpr (kDynamic) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < kPerItem; ++j) {
+      const int c = j * kWG + lid;
+      if (c < kNumVec) {
+        V wv;
+        wv.load(w + c * kVec);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) m = sycl::max(m, sgljit::abs_bits(y(j, wv, e)));
+      }
+    }
+    m = sycl::reduce_over_group(it.get_group(), m, sycl::maximum<uint32_t>());
+    s = sgljit::scale_from_absmax<Q>(m);
+    if (lid == 0) *scale_out = s;
+  } else {
+    s = *scale_in;
+  }
+#pragma unroll
+  for (int j = 0; j < kPerItem; ++j) {
+    const int c = j * kWG + lid;
+    if (c < kNumVec) {
+      V wv;
+      wv.load(w + c * kVec);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[c * kVec + e] = sgljit::quantize<Q>(y(j, wv, e), s);
+    }
+  }
+}
+
+}  // namespace sgljit_norm_quant
+
+// out[row] = quantize(rmsnorm(in[row]) / scale[0]); strides in elements (out: bytes).
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<16>))
+void rmsnorm_quant_fp8_static(const T* in, const T* w, const float* scale, uint8_t* out, int64_t in_stride,
+                              int64_t out_stride, float eps) {
+  const int64_t row = syclext::this_work_item::get_nd_item<1>().get_group(0);
+  sgljit_norm_quant::norm_quant_row<false, false>(in + row * in_stride, nullptr, w, out + row * out_stride, scale,
+                                                  nullptr, eps);
+}
+
+// scales[row] from the row's absmax; out[row] = quantize(rmsnorm(in[row]) / scales[row]).
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<16>))
+void rmsnorm_quant_fp8_per_token(const T* in, const T* w, uint8_t* out, float* scales, int64_t in_stride,
+                                 int64_t out_stride, float eps) {
+  const int64_t row = syclext::this_work_item::get_nd_item<1>().get_group(0);
+  sgljit_norm_quant::norm_quant_row<false, true>(in + row * in_stride, nullptr, w, out + row * out_stride, nullptr,
+                                                 scales + row, eps);
+}
+
+// res[row] <- in[row] + res[row]; out[row] = quantize(rmsnorm(res[row]) / scale[0]).
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<16>))
+void fused_add_rmsnorm_quant_fp8_static(const T* in, T* res, const T* w, const float* scale, uint8_t* out,
+                                        int64_t in_stride, int64_t res_stride, int64_t out_stride, float eps) {
+  const int64_t row = syclext::this_work_item::get_nd_item<1>().get_group(0);
+  sgljit_norm_quant::norm_quant_row<true, false>(in + row * in_stride, res + row * res_stride, w,
+                                                 out + row * out_stride, scale, nullptr, eps);
+}
+
+// res[row] <- in[row] + res[row]; scales[row] and out[row] as rmsnorm_quant_fp8_per_token of res[row].
+extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
+SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::sub_group_size<16>))
+void fused_add_rmsnorm_quant_fp8_per_token(const T* in, T* res, const T* w, uint8_t* out, float* scales,
+                                           int64_t in_stride, int64_t res_stride, int64_t out_stride, float eps) {
+  const int64_t row = syclext::this_work_item::get_nd_item<1>().get_group(0);
+  sgljit_norm_quant::norm_quant_row<true, true>(in + row * in_stride, res + row * res_stride, w,
+                                                out + row * out_stride, nullptr, scales + row, eps);
+}
