@@ -23,6 +23,9 @@ CUDA events). ``test_per_tensor_quant_fp8.py`` compares sgljit's correctly round
 against sglang's ``x * (1 / scale)`` with a tolerance below one fp8 step; its inputs are fp16 and
 bf16, for which the two gave no different code when measured (see the compat module), so none of
 its cases depends on sglang's formula.
+
+Two tests of this file's own cover what sglang's do not: the quantizer writes the caller's buffers
+(a garbage scale overwritten, a 0-d static scale read), and ``dtype`` converts integer timesteps.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
+
+import sgljit
+from sgljit.compat.sglang.per_tensor_quant_fp8 import per_tensor_quant_fp8
+from sgljit.compat.sglang.timestep_embedding import timestep_embedding
+from sgljit_quant_fp8 import reference
 
 from ..plugins.common import BACKENDS
 
@@ -205,3 +214,41 @@ def test_sglang_test_file_passes(sglang_tests, backend, test_file, tmp_path, cac
         assert not built, built
     else:
         assert any(cache_dir.glob(f"{backend}/*/{spec.family}_*")), built
+
+
+# ------------------------------------------------------------------------------------------------
+# What sglang's tests do not exercise: the caller's buffers and the timestep dtype
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_tensor_quant_writes_the_callers_buffers(backend):
+    dev = "cuda" if backend == "cuda" else "cpu"
+    x = torch.randn(3, 5, 64, device=dev).to(torch.bfloat16)
+    q = torch.full((3 * 5 * 64,), 0xFF, dtype=torch.uint8, device=dev).view(torch.float8_e4m3fn)
+    s = torch.full((1,), 1e9, device=dev)  # sglang's callers zero it; ours overwrites it
+    with sgljit.use_backend(backend):
+        assert per_tensor_quant_fp8(x, q, s) is None
+    want_q, want_s = reference.per_tensor_quant_fp8(x)
+    assert torch.equal(s, want_s)
+    assert torch.equal(q.view(torch.uint8), want_q.view(-1).view(torch.uint8))
+    static = torch.tensor(0.0371, device=dev)  # a 0-d scale: one element, as sglang accepts
+    with sgljit.use_backend(backend):
+        per_tensor_quant_fp8(x, q, static, True)
+    want_q = reference.quantize(x, static.view(1), torch.float8_e4m3fn)
+    assert torch.equal(q.view(torch.uint8), want_q.view(-1).view(torch.uint8))
+    assert static.item() == pytest.approx(0.0371)
+    with pytest.raises(TypeError, match=r"^output_q:"):
+        per_tensor_quant_fp8(x, q.view(torch.uint8), s)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timestep_dtype_converts_other_timesteps_first(backend):
+    dev = "cuda" if backend == "cuda" else "cpu"
+    t = torch.tensor([2049, 7], device=dev)  # int64; 2049 is not an fp16 number
+    with sgljit.use_backend(backend):
+        got = timestep_embedding(t, 64, True, 0, 1, 10000, torch.float16)
+        want = sgljit.ops.timestep_embedding(t.half(), 64, flip_sin_to_cos=True)
+        wider = timestep_embedding(t, 64, flip_sin_to_cos=True)  # fp32 by default
+    assert got.dtype == torch.float32 and got.shape == (2, 64)
+    assert torch.equal(got, want)
+    assert not torch.equal(wider[0], got[0]) and torch.equal(wider[1], got[1])
