@@ -297,8 +297,8 @@ def per_tensor_quant_fp8(
     scale: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
     scale_out: torch.Tensor | None = None,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``input`` (fp16/bf16/fp32, contiguous, any shape) to ``fp8_dtype`` with one scale.
 
@@ -338,14 +338,15 @@ def per_token_quant_fp8(
     input: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
     scales: torch.Tensor | None = None,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize each row of ``input`` ``[T, H]`` (fp16/bf16/fp32; rows may be strided, the last
     dimension contiguous) with its own dynamic scale ``max(absmax(row) / fp8_max, 2^-126)``.
 
-    Returns ``(out [T, H] fp8_dtype, scales [T, 1] fp32)``; ``out`` (fp8, ``[T, H]``, last
-    dimension contiguous) and ``scales`` (fp32 ``[T, 1]``, contiguous) may be given.
+    Returns ``(out [T, H] fp8_dtype, scales [T, 1] fp32)``; either may be given (``out``: fp8,
+    ``[T, H]``, last dimension contiguous; ``scales``: float32 ``[T, 1]``, contiguous) — serving
+    loops that reuse buffers skip two allocations per call.
     """
     _check_fp8_dtype(fp8_dtype)
     if not isinstance(input, torch.Tensor) or input.dim() != 2:
