@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 DIST = os.environ.get("SGLJIT_DIST")
 DEPS = os.environ.get("SGLJIT_WHEELHOUSE_DEPS")
 
@@ -76,3 +78,74 @@ def test_every_wheel_is_typed_and_core_carries_the_plugin_templates():
         assert f"{package}/py.typed" in names, f"{wheel.name} lacks {package}/py.typed"
         if package == "sgljit":  # what `sgljit new-plugin` copies
             assert "sgljit/templates/plugin/src/__package__/ops.py.tmpl" in names, names
+
+
+def _disk_usage(folder: Path) -> int:
+    """Bytes allocated to the files under ``folder``, as ``du`` counts them (links once)."""
+    seen, total = set(), 0
+    for path in [folder, *folder.rglob("*")]:
+        st = path.lstat()
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+def test_readme_wheelhouse_recipe_and_cli_without_warnings(tmp_path):
+    """README's Install, literally: `pip wheel --no-deps --wheel-dir wheelhouse ./core ./plugins/*`
+    builds a wheelhouse from which `pip install --find-links wheelhouse sgljit-rope` installs the
+    plugin with its sgljit into an environment holding PyTorch's CPU build (the gathered
+    dependencies stand in for the package index). The environment stays under 1 GiB, and no
+    command warns: torch warns on import without numpy ("Failed to initialize NumPy"), which is
+    why sgljit depends on numpy."""
+    wheelhouse = tmp_path / "wheelhouse"
+    plugins = sorted(f"./plugins/{p.name}" for p in ROOT.glob("plugins/*"))
+    recipe = ["pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheelhouse), "./core"]
+    subprocess.run([sys.executable, "-m", *recipe, *plugins], cwd=ROOT, check=True)
+    built = sorted(w.name.split("-")[0] for w in wheelhouse.glob("*.whl"))
+    assert built == [
+        "sgljit",
+        "sgljit_norm",
+        "sgljit_quant_fp8",
+        "sgljit_rope",
+        "sgljit_timestep_embedding",
+    ]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index"]
+    subprocess.run([*pip, "--find-links", DEPS, "torch"], check=True)  # the CPU build first
+    subprocess.run(
+        [*pip, "--find-links", str(wheelhouse), "--find-links", DEPS, "sgljit-rope"], check=True
+    )
+    listing = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.lower()
+    names = {line.split("==")[0] for line in listing.split()}
+    assert {"sgljit", "sgljit-rope", "numpy"} <= names, names
+    assert not {"sgljit-norm", "sgljit-quant-fp8"} & names, names
+    size = _disk_usage(venv)
+    assert size < 2**30, f"{venv}: {size / 2**20:.0f} MiB"
+
+    env = {**os.environ, "SGLJIT_CACHE_DIR": str(tmp_path / "cache")}
+    for name in ("SGLJIT_BACKEND", "PYTHONPATH"):
+        env.pop(name, None)
+    sgljit = str(venv / "bin" / "sgljit")
+    for args in (["info"], ["cache", "path"], ["cache", "list"], ["check"]):
+        result = subprocess.run([sgljit, *args], capture_output=True, text=True, env=env)
+        assert result.returncode == 0, (args, result.stdout + result.stderr)
+        assert "Warning" not in result.stderr, (args, result.stderr)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"(\d+) of \1 passed", summary), result.stdout
+    # `sgljit build` gets as far as the build (torch imported, the plugins' prebuilds listed),
+    # without warnings; this environment has no SYCL runtime, which it reports
+    result = subprocess.run(
+        [sgljit, "build", "--plugin", "rope", "--backend", "sycl"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert "the SYCL runtime is not installed" in result.stdout + result.stderr, result.stdout
+    assert "Warning" not in result.stderr, result.stderr

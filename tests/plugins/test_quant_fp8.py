@@ -365,6 +365,24 @@ def test_zero_input_gives_finite_scale(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_scales_written_into_the_callers_tensors(backend):
+    """``scale_out=`` (dynamic per-tensor) and ``scales=`` (per-token) are written, whatever they
+    held, and returned as given."""
+    dev = _device(backend)
+    x = _data((7, 1000), torch.bfloat16, dev, seed=6)
+    buf = torch.full((1,), float("nan"), device=dev)
+    got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, scale_out=buf)
+    want, ws = reference.per_tensor_quant_fp8(x)
+    assert s is buf and torch.equal(s, ws)
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    bufs = torch.full((7, 1), float("nan"), device=dev)
+    got, s = _run(backend, sgljit.ops.per_token_quant_fp8, x, scales=bufs, fp8_dtype=E5M2)
+    want, ws = reference.per_token_quant_fp8(x, E5M2)
+    assert s is bufs and torch.equal(s, ws)
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype,fp8_dtype", COMBOS[:3], ids=COMBO_IDS[:3])
 def test_exhaustive_conversion(backend, dtype, fp8_dtype):
     """Every 16-bit pattern (incl. NaN, inf, subnormals) through the static path at several
@@ -403,6 +421,7 @@ def test_public_function_errors_name_the_argument():
         (TypeError, "scale", lambda: f(x, 0.5)),
         (ValueError, "scale", lambda: f(x, torch.ones(2))),
         (ValueError, "scale", lambda: f(x, torch.ones(1, 1))),
+        (ValueError, "scale_out", lambda: f(x, torch.ones(1), scale_out=torch.empty(1))),
         # any shape is viewed as [1, numel]: out must have input's shape, both contiguous
         (ValueError, "out", lambda: f(torch.randn(2, 3, 4), out=torch.empty(6, 4, dtype=E4M3))),
         (ValueError, "out", lambda: f(torch.randn(24), out=torch.empty(24, 2, dtype=E4M3)[:, 0])),

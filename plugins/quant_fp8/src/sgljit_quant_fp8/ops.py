@@ -463,13 +463,15 @@ def per_tensor_quant_fp8(
     scale: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    scale_out: torch.Tensor | None = None,
     fp8_dtype: torch.dtype = torch.float8_e4m3fn,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``input`` (fp16/bf16/fp32, contiguous, any shape) to ``fp8_dtype`` with one scale.
 
     ``scale=None``: dynamic, ``scale = max(absmax(input) / fp8_max, 2^-126)``, returned as a new
-    fp32 ``[1]`` tensor. A given fp32 scale tensor (shape ``[1]`` or ``[]``): static, returned as
-    is. ``out`` (optional): fp8 tensor of input's shape, contiguous. Returns ``(out, scale)`` with
+    fp32 ``[1]`` tensor, or written into ``scale_out`` (fp32 ``[1]``) and returned as it. A given
+    fp32 scale tensor (shape ``[1]`` or ``[]``): static, returned as is. ``out`` (optional): fp8
+    tensor of input's shape, contiguous. Returns ``(out, scale)`` with
     ``out = (input.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` bit for bit.
     """
     _check_fp8_dtype(fp8_dtype)
@@ -481,6 +483,8 @@ def per_tensor_quant_fp8(
         _check_out_dtype(out, fp8_dtype)
     x, o = (input, out) if input.dim() == 2 else _as_rows(input, out)
     if scale is not None:
+        if scale_out is not None:
+            raise ValueError("scale_out: only for a dynamic scale (scale=None), got both")
         if isinstance(scale, torch.Tensor) and scale.dim() == 0:
             _per_tensor_static(x, scale.view(1), o)
         else:
@@ -488,7 +492,9 @@ def per_tensor_quant_fp8(
         return out, scale
     if _DYNAMIC_ALGO is None:
         raise _DYNAMIC_ALGO_ERROR
-    scale = torch.empty(1, dtype=torch.float32, device=input.device)
+    scale = scale_out
+    if scale is None:
+        scale = torch.empty(1, dtype=torch.float32, device=input.device)
     workspace = torch.empty(WORKSPACE_SIZE, dtype=torch.float32, device=input.device)
     _per_tensor_dynamic(x, o, scale, workspace, _DYNAMIC_ALGO)
     return out, scale
