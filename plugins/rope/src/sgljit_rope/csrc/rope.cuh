@@ -1,9 +1,10 @@
 // Rotary position embedding (neox and gptj styles, partial rotary), in place on q and k, and a
-// variant that also stores the rotated k and v into a paged KV cache.
+// variant that also stores the rotated k and v into a paged KV cache (and, ROTATE_K, rotates k in
+// place too). cos/sin come from a float32 table or one in the heads' dtype (CacheT), math in fp32.
 //
 // Work decomposition. A *lane group* of kLanes = (ROT / 2) / VEC threads owns one head: lane l
 // holds VEC rotary pairs in two 16-byte vectors of the head, at l*VEC and ROT/2 + l*VEC, and the
-// matching VEC cos and VEC sin values. neox: pair p of the lane is (a[p], b[p]), cos/sin index
+// matching VEC cos and VEC sin values (read 16 bytes at a time at most, converted to fp32). neox: pair p of the lane is (a[p], b[p]), cos/sin index
 // l*VEC + p. gptj: pairs are adjacent elements, so each vector holds VEC/2 whole pairs (cos/sin
 // indices l*VEC/2 + p for a, ROT/4 + l*VEC/2 + p for b), which keeps every warp access contiguous;
 // with VEC == 1 a lane holds one whole pair, elements 2l and 2l + 1.
@@ -50,8 +51,9 @@ struct Geometry {
   static constexpr int kLanes = kHalf / VEC;
   // Lane groups in a block of about `target` threads (at least one).
   static constexpr int groups_for(int target) { return kLanes >= target ? 1 : target / kLanes; }
-  // cos/sin are fp32: loaded in chunks of at most 4 floats (16 bytes).
-  static constexpr int kCosVec = VEC < 4 ? VEC : 4;
+  // cos/sin (CacheT) are loaded in chunks of at most 16 bytes.
+  template <typename CacheT>
+  static constexpr int kCosVec = VEC < 16 / int(sizeof(CacheT)) ? VEC : 16 / int(sizeof(CacheT));
   // Heads per work item: cos/sin are re-read once per item, but each head holds 2 vectors of
   // registers; 2 heads of 16-byte vectors of 2-byte types, 4 of narrower vectors.
   static constexpr int kHeads = VEC >= 8 ? 2 : 4;
@@ -192,34 +194,36 @@ SGLJIT_DEVICE void rotate(HeadVec<T, VEC>& a, HeadVec<T, VEC>& b, const float* c
 }
 
 // cos/sin of the lane's VEC pairs, in the order rotate() takes them.
-template <int ROT, bool NEOX, int VEC>
-SGLJIT_DEVICE void load_cos_sin(const float* __restrict__ row, int lane, float* c, float* s) {
+template <int ROT, bool NEOX, int VEC, typename CacheT>
+SGLJIT_DEVICE void load_cos_sin(const CacheT* __restrict__ row, int lane, float* c, float* s) {
   using G = Geometry<ROT, VEC>;
+  constexpr int kMax = 16 / int(sizeof(CacheT));  // elements in 16 bytes
   if constexpr (G::template kSplit<NEOX>) {
-    // Pairs of vector a at lane*VEC/2, of vector b at ROT/4 + lane*VEC/2 (chunks of <= 4 floats).
-    constexpr int kH = VEC / 2, kW = kH < 4 ? kH : 4;
+    // Pairs of vector a at lane*VEC/2, of vector b at ROT/4 + lane*VEC/2 (chunks of <= 16 bytes).
+    constexpr int kH = VEC / 2, kW = kH < kMax ? kH : kMax;
 #pragma unroll
     for (int i = 0; i < VEC; i += kW) {
       const int idx = (i < kH ? 0 : ROT / 4 - kH) + lane * kH + i;
-      AlignedVector<float, kW> cv, sv;
+      AlignedVector<CacheT, kW> cv, sv;
       cv.load(row + idx);
       sv.load(row + G::kHalf + idx);
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
-        c[i + j] = cv[j];
-        s[i + j] = sv[j];
+        c[i + j] = to_float(cv[j]);
+        s[i + j] = to_float(sv[j]);
       }
     }
   } else {
+    constexpr int kW = G::template kCosVec<CacheT>;
 #pragma unroll
-    for (int i = 0; i < VEC; i += G::kCosVec) {
-      AlignedVector<float, G::kCosVec> cv, sv;
+    for (int i = 0; i < VEC; i += kW) {
+      AlignedVector<CacheT, kW> cv, sv;
       cv.load(row + lane * VEC + i);
       sv.load(row + G::kHalf + lane * VEC + i);
 #pragma unroll
-      for (int j = 0; j < G::kCosVec; ++j) {
-        c[i + j] = cv[j];
-        s[i + j] = sv[j];
+      for (int j = 0; j < kW; ++j) {
+        c[i + j] = to_float(cv[j]);
+        s[i + j] = to_float(sv[j]);
       }
     }
   }
@@ -249,10 +253,11 @@ struct ItemWalk {
 };
 
 // Loads the rotary part of `nheads` (<= HEADS) heads from src, rotates it by cos/sin `row` (no
-// rotation when row is null), stores it to dst (which may be src). All loads are issued first.
-template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
+// rotation when row is null), stores it to dst (which may be src) and, kBack, the rotated heads also
+// to `back` (src's heads, written in place). All loads are issued first.
+template <typename T, int ROT, bool NEOX, int VEC, int HEADS, bool kBack = false, typename CacheT>
 SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
-                              const float* __restrict__ row) {
+                              const CacheT* __restrict__ row, T* back = nullptr) {
   using Vec = HeadVec<T, VEC>;
   const int off1 = first_offset<ROT, NEOX, VEC>(lane);
   const int off2 = second_offset<ROT, NEOX, VEC>(lane);
@@ -277,15 +282,22 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
     if (h < nheads) {
       a[h].store(dst + h * dst_hs + off1);
       b[h].store(dst + h * dst_hs + off2);
+      if constexpr (kBack) {
+        if (row != nullptr) {
+          a[h].store(back + h * src_hs + off1);
+          b[h].store(back + h * src_hs + off2);
+        }
+      }
     }
   }
 }
 
 // ------------------------------------------------------------------------------------------------
 // apply_rope: q and k rotated in place.
-template <typename T, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores, int kMinBlocks>
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores,
+          int kMinBlocks>
 __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
-    rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
+    rope_kernel(T* __restrict__ q, T* __restrict__ k, const CacheT* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
   using C = RopeConfig<ROT, VEC>;
@@ -353,7 +365,8 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
 
 // ------------------------------------------------------------------------------------------------
 // apply_rope_with_kv_cache: q rotated in place; rotated k and v stored at k_cache[out_loc[t]],
-// v_cache[out_loc[t]]; k and v are only read.
+// v_cache[out_loc[t]]; v is only read, and k too unless ROTATE_K (then rotated in place as well,
+// whether or not its token's out_loc is in range).
 
 // Copies elements [FROM, HEAD_DIM) of `nheads` heads, VEC at a time, spread over the lane group;
 // (head, vector) pairs go in batches of 4 loads then 4 stores (bounded registers, loads in flight).
@@ -388,15 +401,20 @@ SGLJIT_DEVICE void copy_heads(const T* __restrict__ src, int64_t src_hs, T* __re
 }
 
 // The three kinds of work item of the KV kernel.
-template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
-SGLJIT_DEVICE void kv_q_item(T* base, int64_t hs, int nheads, int lane, const float* row) {
+template <typename T, int ROT, bool NEOX, int VEC, int HEADS, typename CacheT>
+SGLJIT_DEVICE void kv_q_item(T* base, int64_t hs, int nheads, int lane, const CacheT* row) {
   rope_heads<T, ROT, NEOX, VEC, HEADS>(base, hs, base, hs, nheads, lane, row);
 }
 
-template <typename T, int HEAD_DIM, int ROT, bool NEOX, int VEC, int HEADS>
-SGLJIT_DEVICE void kv_k_item(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
-                                       const float* row) {
-  rope_heads<T, ROT, NEOX, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane, row);
+// kBack: the rotated heads also go back into src (k rotated in place).
+template <typename T, int HEAD_DIM, int ROT, bool NEOX, int VEC, int HEADS, bool kBack, typename KT, typename CacheT>
+SGLJIT_DEVICE void kv_k_item(KT* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
+                             const CacheT* row) {
+  if constexpr (kBack) {
+    rope_heads<T, ROT, NEOX, VEC, HEADS, true>(src, src_hs, dst, dst_hs, nheads, lane, row, src);
+  } else {
+    rope_heads<T, ROT, NEOX, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane, row);
+  }
   copy_heads<T, HEAD_DIM, ROT, ROT / 2 / VEC, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane);
 }
 
@@ -405,10 +423,12 @@ SGLJIT_DEVICE void kv_v_item(const T* src, int64_t src_hs, T* dst, int64_t dst_h
   copy_heads<T, HEAD_DIM, 0, LANES, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane);
 }
 
-template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
+// KT: const T, or T when k is rotated in place (ROTATE_K).
+template <typename T, typename CacheT, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC,
+          bool ROTATE_K, typename KT = std::conditional_t<ROTATE_K, T, const T>>
 __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<ROT, VEC>::kMinBlocks)
-    rope_kv_kernel(T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
-                   T* __restrict__ v_cache, const float* __restrict__ cos_sin, const IdxT* __restrict__ positions,
+    rope_kv_kernel(T* __restrict__ q, KT* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
+                   T* __restrict__ v_cache, const CacheT* __restrict__ cos_sin, const IdxT* __restrict__ positions,
                    const LocT* __restrict__ out_loc, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
   constexpr int H = G::kHeads;
@@ -419,7 +439,8 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
     const int64_t t = w.t;
     const int chunk = w.chunk;
     const IdxT pos = positions[t];
-    const float* row = in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
+    const CacheT* row =
+        in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
     if (chunk < p.q_chunks) {  // q: rotate in place (out-of-range position: untouched)
       const int h0 = chunk * H;
       if (row != nullptr) {
@@ -429,14 +450,20 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
       continue;
     }
     const LocT loc = out_loc[t];
-    if (!in_range(loc, p.num_slots)) continue;  // out of range: no store for this token
+    const bool store = in_range(loc, p.num_slots);  // out of range: no store for this token
     const int64_t slot = static_cast<int64_t>(loc);
     if (chunk < p.q_chunks + p.k_chunks) {  // k: rotated into k_cache (unrotated if no row)
       const int h0 = (chunk - p.q_chunks) * H;
-      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
-                                                k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h, p.kc_stride_h,
-                                                min(H, p.k_heads - h0), lane, row);
-    } else {  // v: copied into v_cache
+      KT* src = k + t * p.k_stride_t + h0 * p.k_stride_h;
+      const int nheads = min(H, p.k_heads - h0);
+      if (store) {
+        kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H, ROTATE_K>(src, p.k_stride_h,
+                                                            k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h,
+                                                            p.kc_stride_h, nheads, lane, row);
+      } else if constexpr (ROTATE_K) {
+        if (row != nullptr) kv_q_item<T, ROT, NEOX, VEC, H>(src, p.k_stride_h, nheads, lane, row);
+      }
+    } else if (store) {  // v: copied into v_cache
       const int h0 = (chunk - p.q_chunks - p.k_chunks) * H;
       kv_v_item<T, HEAD_DIM, G::kLanes, VEC, H>(v + t * p.v_stride_t + h0 * p.v_stride_h, p.v_stride_h,
                                                 v_cache + slot * p.vc_stride_s + h0 * p.vc_stride_h, p.vc_stride_h,
@@ -491,25 +518,27 @@ inline void check_stride(int64_t stride, int64_t size, int vec, const char* name
                " for this specialization");
 }
 
-template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC>
 struct RopeKernel {
   using G = Geometry<ROT, VEC>;
   using C = RopeConfig<ROT, VEC>;
+  static constexpr int kCosVec = G::template kCosVec<CacheT>;
 
   static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox) {
     check_dtype<T>(q, "q");
+    check_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
     check_dtype<IdxT>(positions, "positions");
     check_style(is_neox, NEOX);
     check_rotary(cos_sin_cache, ROT, q.size(2));
     const int64_t n = q.size(0);
     check_aligned(q, VEC * sizeof(T), "q");
     check_aligned(k, VEC * sizeof(T), "k");
-    check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
+    check_aligned(cos_sin_cache, kCosVec * sizeof(CacheT), "cos_sin_cache");
     check_stride(q.stride(0), n, VEC, "q", "token stride");
     check_stride(q.stride(1), q.size(1), VEC, "q", "head stride");
     check_stride(k.stride(0), n, VEC, "k", "token stride");
     check_stride(k.stride(1), k.size(1), VEC, "k", "head stride");
-    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), G::kCosVec, "cos_sin_cache", "row stride");
+    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), kCosVec, "cos_sin_cache", "row stride");
 
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(q.size(1));
@@ -532,8 +561,8 @@ struct RopeKernel {
     const int64_t l2 = device_attribute(device.device_id, cudaDevAttrL2CacheSize);
     const bool stream = rotated_bytes <= l2;
     // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
-    constexpr auto wide = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
-    constexpr auto tight = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave>;
+    constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
+    constexpr auto tight = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave>;
     const int64_t blocks = div_ceil<int64_t>(n * p.chunks, C::kGroups);
     const int64_t sms = num_sms(device.device_id);
     const bool one_wave = C::kMinBlocksOneWave != C::kMinBlocks &&
@@ -541,8 +570,8 @@ struct RopeKernel {
                           blocks <= sms * resident_blocks<tight>(device.device_id, C::kBlock);
     auto go = [&](auto stream_c, auto one_wave_c) {
       constexpr int kMin = decltype(one_wave_c)::value ? C::kMinBlocksOneWave : C::kMinBlocks;
-      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache, positions, p,
-                                                                                 device);
+      launch<rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache,
+                                                                                         positions, p, device);
     };
     using Yes = std::true_type;
     using No = std::false_type;
@@ -564,20 +593,24 @@ struct RopeKernel {
     const int64_t wave = int64_t{sms} * resident_blocks<kernel>(device.device_id, C::kBlock);
     p.prefetch_blocks = grid <= sms ? grid : grid > wave ? static_cast<int32_t>(wave) : 0;
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
-        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
-        static_cast<const IdxT*>(positions.data_ptr()), p);
+        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()),
+        static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()), p);
   }
 };
 
-template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
+// ROTATE_K: k is rotated in place too (the op that declares k written).
+template <typename T, typename CacheT, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC,
+          bool ROTATE_K>
 struct RopeKVKernel {
   using G = Geometry<ROT, VEC>;
   using C = RopeKVConfig<ROT, VEC>;
+  static constexpr int kCosVec = G::template kCosVec<CacheT>;
   static_assert(HEAD_DIM % VEC == 0 && ROT <= HEAD_DIM, "bad head_dim for this specialization");
 
   static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
                   TensorView cos_sin_cache, TensorView positions, TensorView out_loc, bool is_neox) {
     check_dtype<T>(q, "q");
+    check_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
     check_dtype<IdxT>(positions, "positions");
     check_dtype<LocT>(out_loc, "out_loc");
     check_style(is_neox, NEOX);
@@ -590,7 +623,7 @@ struct RopeKVKernel {
     check_aligned(v, vb, "v");
     check_aligned(k_cache, vb, "k_cache");
     check_aligned(v_cache, vb, "v_cache");
-    check_aligned(cos_sin_cache, G::kCosVec * 4, "cos_sin_cache");
+    check_aligned(cos_sin_cache, kCosVec * sizeof(CacheT), "cos_sin_cache");
     check_stride(q.stride(0), n, VEC, "q", "token stride");
     check_stride(q.stride(1), hq, VEC, "q", "head stride");
     check_stride(k.stride(0), n, VEC, "k", "token stride");
@@ -601,7 +634,7 @@ struct RopeKVKernel {
     check_stride(k_cache.stride(1), hk, VEC, "k_cache", "head stride");
     check_stride(v_cache.stride(0), slots, VEC, "v_cache", "slot stride");
     check_stride(v_cache.stride(1), hk, VEC, "v_cache", "head stride");
-    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), G::kCosVec, "cos_sin_cache", "row stride");
+    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), kCosVec, "cos_sin_cache", "row stride");
 
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(hq);
@@ -625,12 +658,12 @@ struct RopeKVKernel {
     p.num_slots = slots;
     if (n == 0) return;
     const DLDevice device = q.device();
-    constexpr auto kernel = rope_kv_kernel<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC>;
+    constexpr auto kernel = rope_kv_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
     const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p);
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(
-        static_cast<T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
+        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
         static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
-        static_cast<const float*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
+        static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
         static_cast<const LocT*>(out_loc.data_ptr()), p);
   }
 };
