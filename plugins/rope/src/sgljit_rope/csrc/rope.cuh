@@ -450,20 +450,23 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
       continue;
     }
     const LocT loc = out_loc[t];
-    const bool store = in_range(loc, p.num_slots);  // out of range: no store for this token
+    if (!in_range(loc, p.num_slots)) {  // out of range: no store for this token
+      if constexpr (ROTATE_K) {         // (but its k is rotated in place all the same)
+        if (row != nullptr && chunk < p.q_chunks + p.k_chunks) {
+          const int h0 = (chunk - p.q_chunks) * H;
+          kv_q_item<T, ROT, NEOX, VEC, H>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
+                                          min(H, p.k_heads - h0), lane, row);
+        }
+      }
+      continue;
+    }
     const int64_t slot = static_cast<int64_t>(loc);
     if (chunk < p.q_chunks + p.k_chunks) {  // k: rotated into k_cache (unrotated if no row)
       const int h0 = (chunk - p.q_chunks) * H;
-      KT* src = k + t * p.k_stride_t + h0 * p.k_stride_h;
-      const int nheads = min(H, p.k_heads - h0);
-      if (store) {
-        kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H, ROTATE_K>(src, p.k_stride_h,
-                                                            k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h,
-                                                            p.kc_stride_h, nheads, lane, row);
-      } else if constexpr (ROTATE_K) {
-        if (row != nullptr) kv_q_item<T, ROT, NEOX, VEC, H>(src, p.k_stride_h, nheads, lane, row);
-      }
-    } else if (store) {  // v: copied into v_cache
+      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H, ROTATE_K>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
+                                                          k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h,
+                                                          p.kc_stride_h, min(H, p.k_heads - h0), lane, row);
+    } else {  // v: copied into v_cache
       const int h0 = (chunk - p.q_chunks - p.k_chunks) * H;
       kv_v_item<T, HEAD_DIM, G::kLanes, VEC, H>(v + t * p.v_stride_t + h0 * p.v_stride_h, p.v_stride_h,
                                                 v_cache + slot * p.vc_stride_s + h0 * p.vc_stride_h, p.vc_stride_h,
