@@ -114,6 +114,7 @@ def load_matcher():
         cpp_files=["matcher.h"],
         cpp_wrappers=[
             ("rows", "MatchRows::run"),
+            ("table", "MatchTable::run"),
             ("contiguous", "MatchContiguous::run"),
             ("on_cuda", "MatchOnCuda::run"),
             ("read_unbound", "ReadUnbound::run"),
@@ -168,6 +169,12 @@ def test_tensor_matcher_messages_are_exact(cache_dir):
         (m.read_unbound, (0,), "size 'k' was never bound"),
         (m.read_unbound, (1,), "dtype was never bound"),
         (m.read_unbound, (2,), "device was never bound"),
+        (
+            m.table,
+            (z(3, dtype=torch.float64), z(5, dtype=torch.int32)),
+            "table: dtype expected float64 (same as the tensors before it) or one of {float32}, "
+            "got int32",
+        ),
     ]
     for fn, args, message in cases:
         with pytest.raises(ValueError) as info:
@@ -176,6 +183,8 @@ def test_tensor_matcher_messages_are_exact(cache_dir):
     m.rows(z(3, 5), z(3, 4))  # and the same patterns accept what fits
     m.rows(z(3, 8)[:, :5], z(3, 6)[:, 1:5])
     m.contiguous(z(4, 4))
+    for table in (torch.float64, torch.float32):
+        m.table(z(3, dtype=torch.float64), z(5, dtype=table))
 
 
 def test_sgljit_check_builds_its_message_only_on_failure(cache_dir):

@@ -7,7 +7,8 @@ The oracle is written here from the formula in float64 (not from another library
 public functions (flattened [T, H * D] views, head_dim=, rotary_dim=, index checks), head counts
 that are not a multiple of a work item's, many tokens, partial rotary leaving the other dims
 bit-exact, out-of-range indices, caches as views into a bigger buffer, misaligned views (narrower
-vectors), and the CUDA modules compiled for sm_90a.
+vectors), cos/sin caches in q's dtype, q without k, k rotated in place by the KV variant, and the
+CUDA modules compiled for sm_90a.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ def tol(dtype: torch.dtype) -> dict:
     }[dtype]
 
 
-def make_cache(max_pos: int, rot: int, device, base: float = 10000.0) -> torch.Tensor:
-    """A real rope cache (cos | sin of pos * theta_i), fp32 [max_pos, rot]."""
+def make_cache(
+    max_pos: int, rot: int, device, base: float = 10000.0, dtype=torch.float32
+) -> torch.Tensor:
+    """A real rope cache (cos | sin of pos * theta_i), [max_pos, rot] (fp32 by default)."""
     inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cat((ang.cos(), ang.sin()), dim=-1).float().to(device)
+    return torch.cat((ang.cos(), ang.sin()), dim=-1).to(device, dtype)
 
 
 def oracle(x: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, neox: bool):
@@ -288,6 +291,129 @@ def test_kv_cache_out_of_range_and_strided(backend):
 
 
 # --------------------------------------------------------------------------------------------
+# The other libraries' semantics: a cos/sin cache in q's dtype (vLLM), q without k (vLLM's and
+# sglang's rotary_embedding with key=None), k rotated in place by the KV variant (sglang's and
+# FlashInfer's fused rope + store)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        (torch.bfloat16, 128, 128, True, torch.int64),
+        (torch.float16, 128, 64, False, torch.int32),  # partial rotary, whole pairs per vector
+        (torch.bfloat16, 80, 80, True, torch.int64),  # 2-element cache vectors
+    ],
+    ids=case_id,
+)
+def test_cache_in_q_dtype(backend, case):
+    dtype, D, rot, neox, idx = case
+    dev = device_of(backend)
+    torch.manual_seed(9)
+    Hq, Hk, max_pos, T = 6, 3, 4000, 37
+    cache = make_cache(max_pos, rot, dev, dtype=dtype)  # the oracle reads the same rounded values
+    q = torch.randn(T, Hq, D, device=dev).to(dtype)
+    k = torch.randn(T, Hk, D, device=dev).to(dtype)
+    pos = torch.randint(0, max_pos, (T,), device=dev, dtype=idx)
+    want_q, want_k = oracle(q, cache, pos, neox), oracle(k, cache, pos, neox)
+    v = torch.randn(T, Hk, D, device=dev).to(dtype)
+    kc = torch.full((T + 5, Hk, D), float("nan"), device=dev, dtype=dtype)
+    vc = torch.full_like(kc, float("nan"))
+    loc = torch.randperm(T + 5, device=dev)[:T]
+    q2, k2 = q.clone(), k.clone()
+    with using(backend):
+        sgljit.ops.apply_rope(q, k, cache, pos, is_neox=neox)
+        sgljit.ops.apply_rope_with_kv_cache(q2, k2, v, kc, vc, cache, pos, loc, is_neox=neox)
+    assert_close(q, want_q, dtype)
+    assert_close(k, want_k, dtype)
+    assert_close(q2, want_q, dtype)
+    assert_close(kc[loc], want_k, dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_of_another_dtype_is_refused(backend):
+    dev = device_of(backend)
+    q, k = (
+        torch.randn(4, 2, 64, device=dev).bfloat16(),
+        torch.randn(4, 1, 64, device=dev).bfloat16(),
+    )
+    cache = make_cache(16, 64, dev, dtype=torch.float16)
+    with (
+        using(backend),
+        pytest.raises(
+            ValueError,
+            match=r"^cos_sin_cache: dtype expected bfloat16 \(same as the tensors before it\) or "
+            r"one of \{float32\}, got float16",
+        ),
+    ):
+        sgljit.ops.apply_rope(q, k, cache, torch.arange(4, device=dev))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_without_k(backend):
+    """k=None: q alone, 3-D or flattened (then head_dim is needed); partial rotary."""
+    dev = device_of(backend)
+    torch.manual_seed(10)
+    T, H, D, rot, max_pos = 11, 5, 128, 64, 200
+    cache = make_cache(max_pos, rot, dev)
+    pos = torch.randint(0, max_pos, (T,), device=dev)
+    for flat in (False, True):
+        q = torch.randn(T, H, D, device=dev).bfloat16()
+        want = oracle(q, cache, pos, False)
+        with using(backend):
+            if flat:
+                sgljit.ops.apply_rope(q.view(T, H * D), None, cache, pos, is_neox=False, head_dim=D)
+            else:
+                sgljit.ops.apply_rope(q, None, cache, pos, is_neox=False)
+        assert_close(q, want, torch.bfloat16)
+    with using(backend), pytest.raises(ValueError, match="head_dim="):
+        sgljit.ops.apply_rope(q.view(T, H * D), None, cache, pos)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", KV_CASES, ids=case_id)
+def test_kv_cache_rotating_k_in_place(backend, case):
+    """rotate_k_inplace=True: k rotated in place as well as stored; an out-of-range out_loc still
+    rotates its k, an out-of-range position leaves it (and stores it unrotated)."""
+    dtype, D, rot, neox, idx, loc_dtype = case
+    dev = device_of(backend)
+    torch.manual_seed(11)
+    T, Hq, Hk, max_pos = 9, 5, 3, 3000
+    slots = 2 * T + 3
+    cache = make_cache(max_pos, rot, dev)
+    qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=dev).to(dtype)  # k and v as views
+    q = qkv[:, : Hq * D].view(T, Hq, D)
+    k = qkv[:, Hq * D : (Hq + Hk) * D].view(T, Hk, D)
+    v = qkv[:, (Hq + Hk) * D :].view(T, Hk, D)
+    pos = torch.randint(0, max_pos, (T,), device=dev, dtype=idx)
+    loc = torch.randperm(slots, device=dev)[:T].to(loc_dtype)
+    pos[2] = max_pos + 1
+    loc[4] = slots
+    kc = torch.full((slots, Hk, D), float("nan"), device=dev, dtype=dtype)
+    vc = torch.full_like(kc, float("nan"))
+    k0, v0 = k.clone(), v.clone()
+    want_q, want_k = oracle(q, cache, pos, neox), oracle(k, cache, pos, neox)
+    with using(backend):
+        sgljit.ops.apply_rope_with_kv_cache(
+            q, k, v, kc, vc, cache, pos, loc, is_neox=neox, rotate_k_inplace=True
+        )
+    assert_close(q, want_q, dtype)
+    assert_close(k, want_k, dtype)
+    assert torch.equal(k[2], k0[2]) and torch.equal(k[..., rot:], k0[..., rot:])
+    assert torch.equal(v, v0)
+    ok = torch.ones(T, dtype=torch.bool, device=dev)
+    ok[4] = False
+    lo = loc[ok].long()
+    assert_close(kc[lo], want_k[ok.cpu()], dtype)
+    assert torch.equal(vc[lo], v0[ok])
+    untouched = torch.ones(slots, dtype=torch.bool, device=dev)
+    untouched[lo] = False
+    assert kc[untouched].isnan().all() and vc[untouched].isnan().all()
+    with using(backend), pytest.raises(TypeError, match=r"^rotate_k_inplace: expected bool"):
+        sgljit.ops.apply_rope_with_kv_cache(q, k, v, kc, vc, cache, pos, loc, rotate_k_inplace=1)
+
+
+# --------------------------------------------------------------------------------------------
 # Bad inputs the public functions and the ops' own rules add to what the conformance suite
 # generates from the specs (shapes, dtypes, strides, devices, overlap, grad)
 
@@ -434,21 +560,21 @@ def _name(value):
 def _cuda_specs() -> list[dict]:
     """The main specializations of the bench and the GPU tests, one per module, each a distinct
     code path: bf16 neox and gptj (whole pairs per vector), fp16 with int32 positions at head size
-    80, fp32 (4-element vectors), an odd head size (1-element vectors); the KV variant full and
-    partial rotary."""
+    80, fp32 (4-element vectors), an odd head size (1-element vectors), caches in q's dtype (bf16
+    neox, fp16 gptj); the KV variant full and partial rotary, and rotating k in place with a bf16
+    cache."""
 
-    def rope(dtype, D, rot, neox, idx, Hq=6, Hk=3):
+    def rope(dtype, D, rot, neox, idx, Hq=6, Hk=3, cache=torch.float32):
         q, k = torch.empty(3, Hq, D, dtype=dtype), torch.empty(3, Hk, D, dtype=dtype)
-        return _key_of(
-            "apply_rope", (q, k, make_cache(8, rot, "cpu"), torch.zeros(3, dtype=idx), neox)
-        )
+        table = make_cache(8, rot, "cpu", dtype=cache)
+        return _key_of("apply_rope", (q, k, table, torch.zeros(3, dtype=idx), neox))
 
-    def kv(dtype, D, rot, neox, idx, loc):
+    def kv(dtype, D, rot, neox, idx, loc, op="apply_rope_with_kv_cache", cache=torch.float32):
         q, k = torch.empty(3, 5, D, dtype=dtype), torch.empty(3, 3, D, dtype=dtype)
         kc = torch.empty(16, 3, D, dtype=dtype)
         pos, out_loc = torch.zeros(3, dtype=idx), torch.zeros(3, dtype=loc)
-        args = (q, k, k, kc, kc, make_cache(8, rot, "cpu"), pos, out_loc, neox)
-        return _key_of("apply_rope_with_kv_cache", args)
+        args = (q, k, k, kc, kc, make_cache(8, rot, "cpu", dtype=cache), pos, out_loc, neox)
+        return _key_of(op, args)
 
     return [
         rope(torch.bfloat16, 128, 128, True, torch.int64),
@@ -456,14 +582,26 @@ def _cuda_specs() -> list[dict]:
         rope(torch.float16, 80, 80, False, torch.int32),
         rope(torch.float32, 64, 64, False, torch.int64),
         rope(torch.float32, 65, 32, False, torch.int64),
+        rope(torch.bfloat16, 128, 128, True, torch.int64, cache=torch.bfloat16),
+        rope(torch.float16, 128, 64, False, torch.int32, cache=torch.float16),
         kv(torch.bfloat16, 128, 128, True, torch.int64, torch.int64),
         kv(torch.float16, 128, 64, False, torch.int32, torch.int32),
+        kv(
+            torch.bfloat16,
+            128,
+            128,
+            True,
+            torch.int64,
+            torch.int64,
+            op="apply_rope_with_kv_cache_rotate_k",
+            cache=torch.bfloat16,
+        ),
     ]
 
 
 def test_cuda_specs_are_the_fast_paths():
     specs = _cuda_specs()
-    assert [s["rotary_dim"] for s in specs] == [128, 128, 80, 64, 32, 128, 64]
+    assert [s["rotary_dim"] for s in specs] == [128, 128, 80, 64, 32, 128, 64, 128, 64, 128]
     assert "vec" not in specs[0]  # chosen per call in C++: pointers are not part of the key
     assert specs[0] in ops.family.prebuild_specs("cuda")  # the bench's module is prebuilt
 

@@ -65,7 +65,8 @@ _DECLARED: dict[str, str] = {}
 class Tensor:
     """A tensor argument. ``shape``: one entry per dimension — a name (sizes of one name must agree
     across the op's tensors), an int, or None (any size). ``dtype``: the dtypes allowed, or the
-    name of an earlier tensor argument whose dtype it must have. ``layout``: ``"rows"`` (unit
+    name of an earlier tensor argument whose dtype it must have, or a tuple of one such name and
+    dtypes (``("q", torch.float32)``: q's dtype or float32). ``layout``: ``"rows"`` (unit
     stride in the last dimension, any other strides), ``"contiguous"`` or ``"strided"``. ``io``:
     ``"in"`` (read), ``"out"`` (every element written, none read), ``"inout"`` (updated in
     place) or ``"scratch"`` (a workspace the kernels write and read back: its contents before and
@@ -73,7 +74,7 @@ class Tensor:
     that share memory."""
 
     shape: tuple[str | int | None, ...]
-    dtype: tuple[torch.dtype, ...] | str = FLOATS
+    dtype: tuple[torch.dtype | str, ...] | str = FLOATS
     layout: str = "rows"
     io: str = "in"
 
@@ -190,10 +191,16 @@ class Op:
         if not tensors or next(iter(args)) != tensors[0]:
             raise ValueError(f"op {name!r}: the first argument must be a tensor")
         for n, a in args.items():
-            refers = isinstance(a, Tensor) and isinstance(a.dtype, str)
-            if refers and (a.dtype not in tensors or tensors.index(a.dtype) >= tensors.index(n)):
+            refs = _dtype_refs(a) if isinstance(a, Tensor) else ()
+            for ref in refs:
+                if ref not in tensors or tensors.index(ref) >= tensors.index(n):
+                    raise ValueError(
+                        f"op {name!r}: {n}'s dtype refers to {ref!r}, not an earlier tensor"
+                    )
+            if len(refs) > 1 or any(_is_mixed(args[ref]) for ref in refs):
                 raise ValueError(
-                    f"op {name!r}: {n}'s dtype refers to {a.dtype!r}, not an earlier tensor"
+                    f"op {name!r}: {n}'s dtype may name one earlier tensor, whose own dtype is "
+                    "not a name mixed with dtypes"
                 )
         self.family, self.name = family, name
         self.args = dict(args)
@@ -342,7 +349,7 @@ class Op:
             for b_name, b in written[i + 1 :]:
                 if a.is_contiguous() and b.is_contiguous() and _share_memory(a, b):
                     raise ValueError(
-                        f"{b_name}: sgljit writes it and {a_name}, and the two share memory; "
+                        f"{b_name}: shares memory with {a_name} (sgljit writes both); "
                         "pass separate tensors"
                     )
 
@@ -358,6 +365,12 @@ class Op:
         fn = getattr(self.family.cuda_module(self.cuda.module or self.name, params), self.name)
         self._cuda_fns[key] = fn
         return fn
+
+    def _dtype_root(self, name: str) -> str:
+        """The tensor whose C++ dtype symbol ``name``'s dtype is (a name refers on to its tensor)."""
+        while isinstance(self.args[name].dtype, str):
+            name = self.args[name].dtype
+        return name
 
     def cpp_checks(self, function: str, target: str) -> str:
         """C++ of a function ``function`` that checks its arguments as this op declares, then calls
@@ -392,7 +405,11 @@ class Op:
             elif spec.layout == "contiguous":
                 m += ".contiguous()"
             if isinstance(spec.dtype, str):
-                m += f".with_dtype(dtype_{spec.dtype})"
+                m += f".with_dtype(dtype_{self._dtype_root(spec.dtype)})"
+            elif _is_mixed(spec):
+                types = ", ".join(_cpp_literal(d) for d in spec.dtype if not isinstance(d, str))
+                like = self._dtype_root(_dtype_refs(spec)[0])
+                m += f".with_dtype_or<{types}>(dtype_{like})"
             else:
                 lines.append(f"  SymbolicDType dtype_{name};")
                 types = ", ".join(_cpp_literal(d) for d in spec.dtype)
@@ -471,6 +488,25 @@ def _specialize(op: Op) -> type:
     return type(f"Op_{op.name}", (Op,), {"__call__": call, "__doc__": Op.__doc__})
 
 
+def _dtype_refs(spec: Tensor) -> tuple[str, ...]:
+    """The earlier tensors ``spec``'s dtype names."""
+    if isinstance(spec.dtype, str):
+        return (spec.dtype,)
+    return tuple(d for d in spec.dtype if isinstance(d, str))
+
+
+def _is_mixed(spec: Tensor | Scalar) -> bool:
+    """A dtype rule of a tensor's name and dtypes, e.g. ``("q", torch.float32)``."""
+    return isinstance(spec, Tensor) and not isinstance(spec.dtype, str) and bool(_dtype_refs(spec))
+
+
+def allowed_dtypes(spec: Tensor, dtypes: Mapping[str, torch.dtype]) -> tuple[torch.dtype, ...]:
+    """The dtypes ``spec`` allows, given the dtypes of the tensors before it (by name)."""
+    if isinstance(spec.dtype, str):
+        return (dtypes[spec.dtype],)
+    return tuple(dtypes[d] if isinstance(d, str) else d for d in spec.dtype)
+
+
 def _annotation(spec: Tensor | Scalar) -> Any:
     return torch.Tensor if isinstance(spec, Tensor) else spec.type
 
@@ -534,6 +570,14 @@ def _check_tensor(name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes:
             raise ValueError(
                 f"{name}: dtype expected {_dtype_names([dtypes[spec.dtype]])} (same as the tensors "
                 f"before it), got {_dtype_names([t.dtype])}"
+            )
+    elif _is_mixed(spec):
+        if t.dtype not in allowed_dtypes(spec, dtypes):
+            listed = [d for d in spec.dtype if not isinstance(d, str)]
+            raise ValueError(
+                f"{name}: dtype expected {_dtype_names([dtypes[_dtype_refs(spec)[0]]])} (same as "
+                f"the tensors before it) or one of {{{_dtype_names(listed)}}}, got "
+                f"{_dtype_names([t.dtype])}"
             )
     elif t.dtype not in spec.dtype:
         raise ValueError(

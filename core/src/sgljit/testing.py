@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .backend import use_backend
-from .op import Case, Family, Op, Scalar, Tensor
+from .op import Case, Family, Op, Scalar, Tensor, allowed_dtypes
 
 __all__ = [
     "CHECKS",
@@ -192,8 +192,8 @@ _OTHER_DTYPES = (
 )
 
 
-def _wrong_dtype(spec: Tensor, actual: torch.dtype) -> torch.dtype:
-    allowed = (actual,) if isinstance(spec.dtype, str) else spec.dtype
+def _wrong_dtype(spec: Tensor, dtypes: dict[str, torch.dtype]) -> torch.dtype:
+    allowed = allowed_dtypes(spec, dtypes)
     return next(d for d in _OTHER_DTYPES if d not in allowed)
 
 
@@ -207,6 +207,7 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
     base = op.cases[0].make(device)
     found: list[tuple[str, tuple, str]] = []
     bound: set[str] = set()
+    dtypes: dict[str, torch.dtype] = {}
 
     def replaced(i: int, value: Any) -> tuple:
         return (*base[:i], value, *base[i + 1 :])
@@ -230,7 +231,8 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
             continue
         found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))
         found.append((f"{name} with an extra dimension", replaced(i, t.unsqueeze(0)), name))
-        wrong = _wrong_dtype(spec, t.dtype)
+        wrong = _wrong_dtype(spec, dtypes)
+        dtypes[name] = t.dtype
         found.append(
             (f"{name} of dtype {wrong}", replaced(i, _blank(t.shape, wrong, device)), name)
         )

@@ -16,6 +16,16 @@ struct MatchRows {
   }
 };
 
+// A table in x's dtype or float32 (as a rope cos/sin cache beside its input).
+struct MatchTable {
+  static void run(tvm::ffi::TensorView x, tvm::ffi::TensorView table) {
+    using namespace sgljit;
+    auto dt = SymbolicDType::of<double, float>();
+    TensorMatcher({kAnySize}).with_dtype(dt).verify(x, "x");
+    TensorMatcher({kAnySize}).with_dtype_or<float>(dt).verify(table, "table");
+  }
+};
+
 struct MatchContiguous {
   static void run(tvm::ffi::TensorView x) {
     using namespace sgljit;

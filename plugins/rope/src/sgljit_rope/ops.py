@@ -3,8 +3,8 @@
 
 Both work in place and return None. Layout: q ``[T, Hq, D]``, k/v ``[T, Hk, D]`` (or flattened
 ``[T, H * D]``), possibly strided views into a fused qkv buffer (the last dim must be contiguous);
-``cos_sin_cache`` float32 ``[max_pos, rotary_dim]`` with cos in the first half of a row and sin in
-the second; ``positions`` int32/int64 ``[T]``. Math in float32.
+``cos_sin_cache`` ``[max_pos, rotary_dim]``, float32 or q's dtype (as vLLM keeps it), with cos in
+the first half of a row and sin in the second; ``positions`` int32/int64 ``[T]``. Math in float32.
 
 Out-of-range indices never touch memory out of bounds: a position outside ``[0, max_pos)`` leaves
 its token unrotated, an ``out_loc`` outside ``[0, num_slots)`` stores nothing for its token. With
@@ -13,14 +13,16 @@ CUDA-graph capture only) and an ``IndexError`` names the first bad index. The va
 when this module is imported: set it before the first use of a rope op.
 
 The kernel ops (``torch.ops.sgljit.apply_rope``, ``...apply_rope_with_kv_cache`` and
-``...qknorm_rope``) take 3-D ``[T, H, D]`` tensors, contiguous ``positions``/``out_loc`` and
-``is_neox``; the public functions below unflatten ``[T, H * D]`` views and make the index tensors
-contiguous. CUDA modules are specialized by dtype, index dtypes, rotary_dim (and head_dim for the KV
-variant and qknorm_rope) and style; apply_rope's and the KV variant's modules choose 16-byte or
-1-element vectors per call in C++, qknorm_rope's key carries the vector width the pointers and
-strides allow (:func:`_qknorm_rope_vec`; SYCL modules likewise, :func:`_pick_vec`).
+``...qknorm_rope`` and ``...apply_rope_with_kv_cache_rotate_k``, which also rotates k in place)
+take 3-D ``[T, H, D]`` tensors, contiguous ``positions``/``out_loc`` and ``is_neox``; the public
+functions below unflatten ``[T, H * D]`` views, make the index tensors contiguous and pick the KV
+op. CUDA modules are specialized by dtype, cache dtype, index dtypes, rotary_dim (and head_dim for
+the KV variants and qknorm_rope) and style; apply_rope's and the KV variants' modules choose
+16-byte or 1-element vectors per call in C++, qknorm_rope's key carries the vector width the
+pointers and strides allow (:func:`_qknorm_rope_vec`; SYCL modules likewise, :func:`_pick_vec`).
 """
 
+import functools
 import os
 
 import torch
@@ -44,13 +46,15 @@ _FLEET_HEADS = ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64))
 # Specializations
 
 
-def _pick_vec(tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: int) -> int:
+def _pick_vec(
+    tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: int, cache_size: int = 4
+) -> int:
     """The vector width (elements) of a SYCL specialization (CUDA modules choose theirs in C++):
     the widest power of two, up to 16 bytes,
     that divides ``rotary_dim // 2``, ``head_dim``, every [T, H, D] tensor's data pointer (in
-    elements) and its strides of T and H (where that size is > 1); cos/sin (fp32) are read
-    ``min(vec, 4)`` at a time, so that many floats must divide the cache's pointer and (if it has
-    rows > 1) its row stride.
+    elements) and its strides of T and H (where that size is > 1); cos/sin (``cache_size``-byte
+    elements) are read up to 16 bytes at a time (``min(vec, 16 // cache_size)`` elements), so that
+    many elements must divide the cache's pointer and (if it has rows > 1) its row stride.
 
     Pointers and strides are combined as bits in one pass; only when that finds less than 16 bytes
     are the sizes read (a stride of a size-1 dimension does not count).
@@ -73,9 +77,9 @@ def _pick_vec(tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: i
         vec = max(1, (bits & -bits) // size)
     cache = cos_sin_cache.data_ptr() | 16  # in bytes
     if max_pos > 1:
-        cache |= cos_sin_cache.stride()[0] << 2
-    floats = (cache & -cache) >> 2  # at most 4
-    return vec if floats == 4 else max(1, min(vec, floats))
+        cache |= cos_sin_cache.stride()[0] * cache_size
+    elements = (cache & -cache) // cache_size  # at most 16 bytes' worth
+    return vec if elements * cache_size == 16 else max(1, min(vec, elements))
 
 
 def _cache_shape(cos_sin_cache: torch.Tensor, head_dim: int | None = None) -> tuple[int, int]:
@@ -107,29 +111,36 @@ def _check_width(rot: int, head_dim: int | None = None) -> None:
 # run() checks it (the module does not depend on head_dim); the KV key, whose module does, here.
 
 
-_ROPE_PARAMS = ("dtype", "idx_dtype", "rotary_dim", "is_neox")
-_KV_PARAMS = ("dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_neox")
+_ROPE_PARAMS = ("dtype", "cache_dtype", "idx_dtype", "rotary_dim", "is_neox")
+_KV_PARAMS = ("dtype", "cache_dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_neox")
+_SIZE = {
+    torch.float32: 4,
+    torch.bfloat16: 2,
+    torch.float16: 2,
+}  # a cache of another dtype is refused
 
 
 def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
     """The module's template parameters, read as cheaply as possible (every eager call): the
     width is checked once per new key (_rope_params), the rows and the vector width (pointers,
     strides) by the module per call."""
-    return q.dtype, positions.dtype, cos_sin_cache.shape[1], is_neox
+    return q.dtype, cos_sin_cache.dtype, positions.dtype, cos_sin_cache.shape[1], is_neox
 
 
-def _rope_params(dtype, idx_dtype, rotary_dim: int, is_neox: bool) -> dict:
+def _rope_params(dtype, cache_dtype, idx_dtype, rotary_dim: int, is_neox: bool) -> dict:
     _check_width(rotary_dim)
-    return dict(zip(_ROPE_PARAMS, (dtype, idx_dtype, rotary_dim, is_neox), strict=True))
+    key = (dtype, cache_dtype, idx_dtype, rotary_dim, is_neox)
+    return dict(zip(_ROPE_PARAMS, key, strict=True))
 
 
 def _kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> tuple:
-    return q.dtype, positions.dtype, out_loc.dtype, q.shape[2], cos_sin_cache.shape[1], is_neox
+    return (q.dtype, cos_sin_cache.dtype, positions.dtype, out_loc.dtype, q.shape[2],
+            cos_sin_cache.shape[1], is_neox)  # fmt: skip
 
 
-def _kv_params(dtype, idx_dtype, loc_dtype, head_dim: int, rotary_dim: int, is_neox: bool) -> dict:
+def _kv_params(dtype, cache_dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox) -> dict:
     _check_width(rotary_dim, head_dim)
-    key = (dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox)
+    key = (dtype, cache_dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox)
     return dict(zip(_KV_PARAMS, key, strict=True))
 
 
@@ -147,25 +158,31 @@ def _fleet_key(key, dtype, head_dim: int, rot: int, is_neox: bool) -> dict:
     return dict(zip(names, found, strict=True)) if names else found
 
 
-def _sycl_key(dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
-    """The -D macros of sycl/rope.hpp (one module serves both ops)."""
-    return {"SGLJIT_T": dtype, "ROPE_IDX_T": idx_dtype, "ROPE_LOC_T": loc_dtype,
-            "ROPE_HEAD_DIM": head_dim, "ROPE_ROT": rotary_dim, "ROPE_NEOX": int(is_neox),
-            "ROPE_VEC": vec}  # fmt: skip
+def _sycl_key(dtype, cache_dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
+    """The -D macros of sycl/rope.hpp (one module serves every op)."""
+    return {"SGLJIT_T": dtype, "ROPE_CACHE_T": cache_dtype, "ROPE_IDX_T": idx_dtype,
+            "ROPE_LOC_T": loc_dtype, "ROPE_HEAD_DIM": head_dim, "ROPE_ROT": rotary_dim,
+            "ROPE_NEOX": int(is_neox), "ROPE_VEC": vec}  # fmt: skip
 
 
 def _sycl_rope_key(q, k, cos_sin_cache, positions, is_neox) -> dict:
     """apply_rope touches the first rotary_dim elements of a head: built with head_dim = rotary_dim."""
     max_pos, rot = _cache_shape(cos_sin_cache, q.shape[2])
-    vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot)
-    return _sycl_key(q.dtype, positions.dtype, torch.int64, rot, rot, is_neox, vec)
+    cache_dtype = cos_sin_cache.dtype
+    vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot, _SIZE[cache_dtype])
+    return _sycl_key(q.dtype, cache_dtype, positions.dtype, torch.int64, rot, rot, is_neox, vec)
 
 
 def _sycl_kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> dict:
     head_dim = q.shape[2]
     max_pos, rot = _cache_shape(cos_sin_cache, head_dim)
-    vec = _pick_vec((q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim)
-    return _sycl_key(q.dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox, vec)
+    cache_dtype = cos_sin_cache.dtype
+    vec = _pick_vec(
+        (q, k, v, k_cache, v_cache), cos_sin_cache, max_pos, rot, head_dim, _SIZE[cache_dtype]
+    )
+    return _sycl_key(
+        q.dtype, cache_dtype, positions.dtype, out_loc.dtype, head_dim, rot, is_neox, vec
+    )
 
 
 def _sycl_geometry(num_items: int, rot: int, vec: int) -> tuple[int, int]:
@@ -188,19 +205,20 @@ def _launch_rope(module, key, q, k, cos_sin_cache, positions, is_neox) -> None:
        cos_sin_cache.shape[0])  # fmt: skip
 
 
-def _launch_kv(module, key, q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox):
+def _launch_kv(rotate_k: bool, module, key, q, k, v, k_cache, v_cache, cos_sin_cache, positions,
+               out_loc, is_neox):  # fmt: skip
     T, Hq, Hk = q.shape[0], q.shape[1], k.shape[1]
     chunks_q, chunks_k = -(-Hq // 4), -(-Hk // 4)
     items = T * (chunks_q + 2 * chunks_k)
     if items == 0:
         return
-    fn = module.get_function("rope_apply_kv", ("ptr",) * 8 + ("i64",) * 19)
+    fn = module.get_function("rope_apply_kv", ("ptr",) * 8 + ("i64",) * 20)
     g, loc = _sycl_geometry(items, key["ROPE_ROT"], key["ROPE_VEC"])
     fn(g, loc, q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
        items, chunks_q + 2 * chunks_k, chunks_q, chunks_k, Hq, Hk,
        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-       cos_sin_cache.stride(0), cos_sin_cache.shape[0], k_cache.shape[0])  # fmt: skip
+       cos_sin_cache.stride(0), cos_sin_cache.shape[0], k_cache.shape[0], int(rotate_k))  # fmt: skip
 
 
 # qknorm_rope: one module per (dtype, index dtype, head_dim, rotary_dim, style, vector width); its
@@ -316,10 +334,11 @@ def _reference_rope(q, k, cos_sin_cache, positions, is_neox) -> None:
     reference.apply_rope_into(q, k, cos_sin_cache, positions, is_neox)
 
 
-def _reference_kv(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> None:
+def _reference_kv(rotate_k: bool, q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
+                  is_neox) -> None:  # fmt: skip
     _cache_shape(cos_sin_cache, q.shape[2])
     reference.apply_rope_with_kv_cache_into(
-        q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox
+        q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rotate_k
     )
 
 
@@ -336,9 +355,9 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _cos_sin_cache(max_pos: int, rot: int, device) -> torch.Tensor:
+def _cos_sin_cache(max_pos: int, rot: int, device, dtype=torch.float32) -> torch.Tensor:
     angles = torch.rand(max_pos, rot // 2, dtype=torch.float64) * 6.3
-    return torch.cat([angles.cos(), angles.sin()], -1).float().to(device)
+    return torch.cat([angles.cos(), angles.sin()], -1).to(device, dtype)
 
 
 def _heads_of(buffer: torch.Tensor, start: int, heads: int, head_dim: int) -> torch.Tensor:
@@ -355,8 +374,12 @@ def _bad_indices(index: torch.Tensor, bound: int) -> torch.Tensor:
     return index
 
 
+def _cache_label(cache: torch.dtype, dtype: torch.dtype) -> str:
+    return "" if cache == torch.float32 else f" {_name(cache)} cache"
+
+
 def _rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=torch.int64,
-               qkv=False, bad_positions=False) -> Case:  # fmt: skip
+               qkv=False, bad_positions=False, cache=torch.float32) -> Case:  # fmt: skip
     hq, hk = heads
     max_pos = 64
 
@@ -370,16 +393,17 @@ def _rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=t
         positions = torch.randint(0, max_pos, (tokens,), dtype=idx, device=device)
         if bad_positions:
             positions = _bad_indices(positions, max_pos)
-        return q, k, _cos_sin_cache(max_pos, rot, device), positions, is_neox
+        return q, k, _cos_sin_cache(max_pos, rot, device, cache), positions, is_neox
 
     style = "neox" if is_neox else "gptj"
     rotary = f" rotary {rot}" if rot != head_dim else ""
     label = f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+    label += _cache_label(cache, dtype)
     return Case(f"{label} {name}".strip(), make, _TOLERANCES[dtype])
 
 
 def _kv_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=torch.int64,
-             loc=torch.int64, views=False, bad=False) -> Case:  # fmt: skip
+             loc=torch.int64, views=False, bad=False, cache=torch.float32) -> Case:  # fmt: skip
     hq, hk = heads
     max_pos, slots = 64, 2 * tokens + 3
 
@@ -404,12 +428,13 @@ def _kv_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=tor
         if bad:
             positions[0] = max_pos + 5  # k stored unrotated
             out_loc = _bad_indices(out_loc, slots)  # nothing stored
-        cache = _cos_sin_cache(max_pos, rot, device)
-        return q, k, v, k_cache, v_cache, cache, positions, out_loc, is_neox
+        table = _cos_sin_cache(max_pos, rot, device, cache)
+        return q, k, v, k_cache, v_cache, table, positions, out_loc, is_neox
 
     style = "neox" if is_neox else "gptj"
     rotary = f" rotary {rot}" if rot != head_dim else ""
     label = f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+    label += _cache_label(cache, dtype)
     return Case(f"{label} {name}".strip(), make, _TOLERANCES[dtype])
 
 
@@ -424,12 +449,25 @@ _ROPE_CASES = [
     _rope_case("qkv views", 37, (8, 2), 128, 128, torch.bfloat16, qkv=True),
     _rope_case("3 positions out of range", 8, (3, 1), 64, 64, torch.float32, bad_positions=True),
     _rope_case("", 3, (4, 2), 512, 512, torch.bfloat16),
+    # a cos/sin cache in q's dtype (vLLM's): 16-byte cache vectors hold 8 elements
+    _rope_case("", 7, (8, 2), 128, 128, torch.bfloat16, cache=torch.bfloat16),
+    _rope_case("", 6, (5, 3), 128, 64, torch.float16, False, idx=_I32, cache=torch.float16),
+    _rope_case("q only (k with 0 heads)", 5, (6, 0), 64, 64, torch.bfloat16),
 ]
 _KV_CASES = [
     *(_kv_case("", 5, (8, 2), 128, 128, dtype) for dtype in _TOLERANCES),
     _kv_case("int32 indices", 7, (5, 3), 128, 64, torch.float16, False, idx=_I32, loc=_I32),
     _kv_case("int64/int32 indices", 4, (5, 3), 96, 96, torch.float32, loc=_I32),
     _kv_case("views, bad indices", 11, (4, 2), 128, 128, torch.bfloat16, views=True, bad=True),
+    _kv_case("", 5, (8, 2), 128, 128, torch.bfloat16, cache=torch.bfloat16),
+]
+# k rotated in place too: bad indices rotate k (an out-of-range out_loc) or leave it (a position)
+_KV_ROTATE_K_CASES = [
+    _kv_case("", 5, (8, 2), 128, 128, torch.bfloat16),
+    _kv_case("int32 indices", 7, (5, 3), 128, 64, torch.float16, False, idx=_I32, loc=_I32),
+    _kv_case("", 4, (5, 3), 96, 96, torch.float32, cache=torch.float32),
+    _kv_case("views, bad indices", 11, (4, 2), 128, 128, torch.bfloat16, views=True, bad=True),
+    _kv_case("", 6, (4, 2), 64, 64, torch.float16, False, cache=torch.float16),
 ]
 
 
@@ -489,7 +527,7 @@ _QK = {
     "q": Tensor("num_tokens", "q_heads", "head_dim", io="inout"),
     "k": Tensor("num_tokens", "k_heads", "head_dim", dtype="q", io="inout"),
 }
-_CACHE = Tensor("max_pos", "rotary_dim", dtype=(torch.float32,))
+_CACHE = Tensor("max_pos", "rotary_dim", dtype=("q", torch.float32))
 _POSITIONS = Tensor("num_tokens", dtype=_INDEX_DTYPES, layout="contiguous")
 
 _apply_rope = family.op(
@@ -499,7 +537,7 @@ _apply_rope = family.op(
     doc=reference.apply_rope_into.__doc__,
     cuda=Cuda(
         "csrc/rope.cuh",
-        "sgljit_rope::RopeKernel<{dtype}, {idx_dtype}, {rotary_dim}, {is_neox}>::run",
+        "sgljit_rope::RopeKernel<{dtype}, {cache_dtype}, {idx_dtype}, {rotary_dim}, {is_neox}>::run",
         key=_rope_key,
         params=_rope_params,
     ),
@@ -515,36 +553,53 @@ _apply_rope = family.op(
     cases=_ROPE_CASES,
 )
 
-_apply_rope_with_kv_cache = family.op(
+
+def _kv_op(name: str, rotate_k: bool, prebuild, cases):
+    """The KV variant; with ``rotate_k`` k is rotated in place too (declared written)."""
+    k_io = "inout" if rotate_k else "in"
+    return family.op(
+        name,
+        args={
+            "q": _QK["q"],
+            "k": Tensor("num_tokens", "k_heads", "head_dim", dtype="q", io=k_io),
+            "v": Tensor("num_tokens", "k_heads", "head_dim", dtype="q"),
+            "k_cache": Tensor("num_slots", "k_heads", "head_dim", dtype="q", io="inout"),
+            "v_cache": Tensor("num_slots", "k_heads", "head_dim", dtype="q", io="inout"),
+            "cos_sin_cache": _CACHE,
+            "positions": _POSITIONS,
+            "out_loc": Tensor("num_tokens", dtype=_INDEX_DTYPES, layout="contiguous"),
+            "is_neox": Scalar(bool),
+        },
+        reference=functools.partial(_reference_kv, rotate_k),
+        doc=reference.apply_rope_with_kv_cache_into.__doc__,
+        cuda=Cuda(
+            "csrc/rope.cuh",
+            "sgljit_rope::RopeKVKernel<{dtype}, {cache_dtype}, {idx_dtype}, {loc_dtype}, {head_dim}, "
+            f"{{rotary_dim}}, {{is_neox}}, {str(rotate_k).lower()}>::run",
+            key=_kv_key,
+            params=_kv_params,
+        ),
+        sycl=Sycl(
+            "sycl/rope.hpp",
+            key=_sycl_kv_key,
+            launch=functools.partial(_launch_kv, rotate_k),
+            module="rope",
+        ),
+        prebuild=prebuild,
+        cases=cases,
+    )
+
+
+_apply_rope_with_kv_cache = _kv_op(
     "apply_rope_with_kv_cache",
-    args={
-        "q": _QK["q"],
-        "k": Tensor("num_tokens", "k_heads", "head_dim", dtype="q"),
-        "v": Tensor("num_tokens", "k_heads", "head_dim", dtype="q"),
-        "k_cache": Tensor("num_slots", "k_heads", "head_dim", dtype="q", io="inout"),
-        "v_cache": Tensor("num_slots", "k_heads", "head_dim", dtype="q", io="inout"),
-        "cos_sin_cache": _CACHE,
-        "positions": _POSITIONS,
-        "out_loc": Tensor("num_tokens", dtype=_INDEX_DTYPES, layout="contiguous"),
-        "is_neox": Scalar(bool),
-    },
-    reference=_reference_kv,
-    doc=reference.apply_rope_with_kv_cache_into.__doc__,
-    cuda=Cuda(
-        "csrc/rope.cuh",
-        "sgljit_rope::RopeKVKernel<{dtype}, {idx_dtype}, {loc_dtype}, {head_dim}, {rotary_dim}, "
-        "{is_neox}>::run",
-        key=_kv_key,
-        params=_kv_params,
-    ),
-    sycl=Sycl("sycl/rope.hpp", key=_sycl_kv_key, launch=_launch_kv, module="rope"),
+    rotate_k=False,
     prebuild={
         "cuda": [
             _fleet_key(_kv_key, dtype, head_dim, rot, True)
             for dtype in _FLEET_DTYPES
             for head_dim, rot in _FLEET_HEADS
         ],
-        # One module (both kernels) per (head_dim, rotary_dim) and style; apply_rope uses those
+        # One module (every kernel) per (head_dim, rotary_dim) and style; apply_rope uses those
         # with head_dim == rotary_dim.
         "sycl": [
             _fleet_key(_sycl_kv_key, dtype, head_dim, rot, is_neox)
@@ -554,6 +609,10 @@ _apply_rope_with_kv_cache = family.op(
         ],
     },
     cases=_KV_CASES,
+)
+# sglang's and FlashInfer's fused rope + store: built on first use (not part of the fleet)
+_apply_rope_with_kv_cache_rotate_k = _kv_op(
+    "apply_rope_with_kv_cache_rotate_k", rotate_k=True, prebuild=None, cases=_KV_ROTATE_K_CASES
 )
 
 
@@ -633,7 +692,7 @@ def _check_indices(name: str, index: torch.Tensor, bound: int) -> None:
 
 def apply_rope(
     q: torch.Tensor,
-    k: torch.Tensor,
+    k: torch.Tensor | None,
     cos_sin_cache: torch.Tensor,
     positions: torch.Tensor,
     *,
@@ -641,17 +700,20 @@ def apply_rope(
     rotary_dim: int | None = None,
     head_dim: int | None = None,
 ) -> None:
-    """Rotary embedding of q ``[T, Hq, D]`` and k ``[T, Hk, D]``, in place.
+    """Rotary embedding of q ``[T, Hq, D]`` and k ``[T, Hk, D]`` (or None: q alone), in place.
 
-    ``cos_sin_cache`` float32 ``[max_pos, rotary_dim]`` (cos | sin), ``positions`` int32/int64
-    ``[T]``. ``is_neox``: pairs ``(i, i + r/2)``, else gptj pairs ``(2i, 2i + 1)``. Only the first
-    ``rotary_dim`` dims of each head rotate; the rest are untouched. ``rotary_dim`` defaults to
-    the cache's width (if given, it must equal it); ``head_dim`` is needed when q and k are both
-    flattened ``[T, H * D]`` (the head size cannot be read from them). q and k may be strided
-    views (e.g. into a qkv buffer).
+    ``cos_sin_cache`` ``[max_pos, rotary_dim]`` (cos | sin), float32 or q's dtype; ``positions``
+    int32/int64 ``[T]``. ``is_neox``: pairs ``(i, i + r/2)``, else gptj pairs ``(2i, 2i + 1)``.
+    Only the first ``rotary_dim`` dims of each head rotate; the rest are untouched. ``rotary_dim``
+    defaults to the cache's width (if given, it must equal it); ``head_dim`` is needed when q and k
+    are both flattened ``[T, H * D]`` (the head size cannot be read from them). q and k may be
+    strided views (e.g. into a qkv buffer).
     """
     try:
-        if head_dim is not None or q.dim() != 3 or k.dim() != 3:
+        if k is None:  # k with no heads: the kernels' k work is empty
+            q = q if head_dim is None and q.dim() == 3 else _qk_heads(q, None, head_dim)[0]
+            k = q[:, :0]
+        elif head_dim is not None or q.dim() != 3 or k.dim() != 3:
             q, k = _qk_heads(q, k, head_dim)
         if rotary_dim is not None:
             _check_rotary_dim(rotary_dim, cos_sin_cache)
@@ -675,8 +737,10 @@ def _check_rotary_dim(rotary_dim, cos_sin_cache: torch.Tensor) -> None:
 
 
 def _qk_heads(q, k, head_dim):
+    """q and k (None: q alone) as [T, H, head_dim]."""
+    tensors = (q,) if k is None else (q, k)
     if head_dim is None:
-        shaped = [x.shape[-1] for x in (q, k) if x.dim() == 3]
+        shaped = [x.shape[-1] for x in tensors if x.dim() == 3]
         if not shaped:
             raise ValueError(
                 "head_dim: q and k are flattened [T, heads * head_dim], so the head size cannot be "
@@ -686,7 +750,7 @@ def _qk_heads(q, k, head_dim):
         head_dim = shaped[0]
     elif not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ValueError(f"head_dim: expected a positive int, got {head_dim!r}")
-    return _heads(q, "q", head_dim), _heads(k, "k", head_dim)
+    return _heads(q, "q", head_dim), None if k is None else _heads(k, "k", head_dim)
 
 
 def apply_rope_with_kv_cache(
@@ -700,19 +764,25 @@ def apply_rope_with_kv_cache(
     out_loc: torch.Tensor,
     *,
     is_neox: bool = True,
+    rotary_dim: int | None = None,
+    rotate_k_inplace: bool = False,
 ) -> None:
     """Rotary embedding with the KV-cache store fused in.
 
     q ``[T, Hq, D]`` is rotated in place; the rotated k and v ``[T, Hk, D]`` are written to
     ``k_cache[out_loc[t]]`` and ``v_cache[out_loc[t]]`` (caches ``[num_slots, Hk, D]``, or
-    ``[num_slots, Hk * D]``). **k and v are left as they were** (k is not rotated in place).
-    ``rotary_dim`` is the width of ``cos_sin_cache`` (partial rotary when it is below D: the other
-    dims of k are copied unrotated). The head size D is read from q, else k_cache, else k (one of
-    them must be 3-D). Duplicate ``out_loc`` values store in an unspecified order.
+    ``[num_slots, Hk * D]``). **k and v are left as they were** unless ``rotate_k_inplace``: then
+    k is rotated in place as well (every token's, stored or not), as sglang's and FlashInfer's
+    fused rope + store do. ``rotary_dim`` is the width of ``cos_sin_cache`` (float32 or q's dtype;
+    partial rotary when it is below D: the other dims of k are copied unrotated); if given, it must
+    equal it. The head size D is read from q, else k_cache, else k (one of them must be 3-D).
+    Duplicate ``out_loc`` values store in an unspecified order.
     """
     try:
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or k_cache.dim() != 3 or v_cache.dim() != 3:
             q, k, v, k_cache, v_cache = _kv_heads(q, k, v, k_cache, v_cache)
+        if rotary_dim is not None:
+            _check_rotary_dim(rotary_dim, cos_sin_cache)
         positions, out_loc = positions.contiguous(), out_loc.contiguous()
     except AttributeError:  # name the argument that is not a tensor
         _require_tensors(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
@@ -721,7 +791,13 @@ def apply_rope_with_kv_cache(
     if _CHECK_INDICES and not torch.compiler.is_compiling():
         _check_indices("positions", positions, cos_sin_cache.shape[0])
         _check_indices("out_loc", out_loc, k_cache.shape[0])
-    _apply_rope_with_kv_cache(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox)
+    if rotate_k_inplace is False:
+        op = _apply_rope_with_kv_cache
+    elif rotate_k_inplace is True:
+        op = _apply_rope_with_kv_cache_rotate_k
+    else:
+        raise TypeError(f"rotate_k_inplace: expected bool, got {type(rotate_k_inplace).__name__}")
+    op(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox)
 
 
 def _kv_heads(q, k, v, k_cache, v_cache):

@@ -3,7 +3,8 @@
 Math is done in float32 (the kernels' precision), in float64 for float64 tensors (the oracle: the
 conformance suite runs it on float64 copies); results are rounded once to the tensors' dtype, except
 ``qknorm_rope``, which rounds twice as the unfused chain it replaces does (qknorm's output, then
-the rotation).
+the rotation). The cos/sin cache is read in its own dtype (float32, or the tensors' dtype) and
+converted.
 Out-of-range indices behave exactly as in the kernels: a position outside ``[0, max_pos)`` leaves its
 token unrotated, an ``out_loc`` outside ``[0, num_slots)`` stores nothing for its token.
 """
@@ -97,9 +98,11 @@ def apply_rope_with_kv_cache_into(
     positions: torch.Tensor,
     out_loc: torch.Tensor,
     is_neox: bool,
+    rotate_k: bool = False,
 ) -> None:
     """q rotated in place; rotated k and v stored at ``k_cache[out_loc]``, ``v_cache[out_loc]``;
-    k and v are not modified."""
+    v is not modified, nor is k unless ``rotate_k`` (then it is rotated in place too, every
+    token's, stored or not)."""
     rot = cos_sin_cache.shape[1]
     cos, sin, valid = _gather_cos_sin(cos_sin_cache, positions)
     q[..., :rot].copy_(_rope_one(q, cos, sin, valid, rot, is_neox))
@@ -110,6 +113,8 @@ def apply_rope_with_kv_cache_into(
     if rot < k.shape[-1]:
         k_cache[loc, :, rot:] = k[store][..., rot:]
     v_cache[loc] = v[store]
+    if rotate_k:
+        k[..., :rot].copy_(k_rot)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

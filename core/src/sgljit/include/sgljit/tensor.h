@@ -286,6 +286,14 @@ class TensorMatcher {
     allowed_ = dtype.allowed();
     return std::move(*this);
   }
+  // The dtype an earlier tensor bound `like` to, or one of Ts (e.g. a table in the input's dtype or
+  // float32: `.with_dtype_or<float>(dt)`).
+  template <typename... Ts>
+  TensorMatcher&& with_dtype_or(const SymbolicDType& like) && {
+    like_ = &like;
+    allowed_ = detail::dtypes_of<Ts...>();
+    return std::move(*this);
+  }
   // Device: bind `device` (or require the bound one); a DLDeviceType pins the kind of device.
   // (Plain functions, not templates, so chains need no `.template` inside kernel templates.)
   TensorMatcher&& with_device(SymbolicDevice& device) && {
@@ -379,6 +387,14 @@ class TensorMatcher {
   }
 
   void verify_dtype(DLDataType actual, const char* name) const {
+    if (like_ != nullptr) {
+      const DLDataType want = like_->value();
+      bool ok = same_dtype(want, actual);
+      for (const DLDataType& a : allowed_) ok = ok || same_dtype(a, actual);
+      SGLJIT_CHECK(ok, name, ": dtype expected ", dtype_name(want), " (same as the tensors before it) or one of {",
+                   dtype_list(allowed_), "}, got ", dtype_name(actual));
+      return;
+    }
     if (!allowed_.empty()) {
       bool ok = false;
       for (const DLDataType& a : allowed_) ok = ok || same_dtype(a, actual);
@@ -418,6 +434,7 @@ class TensorMatcher {
   bool writable_ = false;
   DTypeSpan allowed_;
   SymbolicDType* dtype_ = nullptr;
+  const SymbolicDType* like_ = nullptr;
   SymbolicDevice* device_ = nullptr;
   std::optional<DLDeviceType> device_type_;
 };
@@ -438,8 +455,8 @@ inline void check_disjoint(const TensorView& a, const char* a_name, const Tensor
   };
   uintptr_t a_lo, a_hi, b_lo, b_hi;
   if (!range(a, a_lo, a_hi) || !range(b, b_lo, b_hi) || a_hi <= b_lo || b_hi <= a_lo) return;
-  SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()), b_name, ": sgljit writes it and ", a_name,
-               ", and the two share memory; pass separate tensors");
+  SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()), b_name, ": shares memory with ", a_name,
+               " (sgljit writes both); pass separate tensors");
 }
 
 }  // namespace sgljit

@@ -1,9 +1,10 @@
 // Rotary position embedding (neox and gptj styles, partial rotary), in place on q and k, and a
-// variant that also stores the rotated k and v into a paged KV cache.
+// variant that also stores the rotated k and v into a paged KV cache (and, ROTATE_K, rotates k in
+// place too). cos/sin come from a float32 table or one in the heads' dtype (CacheT), math in fp32.
 //
 // Work decomposition. A *lane group* of kLanes = (ROT / 2) / VEC threads owns one head: lane l
 // holds VEC rotary pairs in two 16-byte vectors of the head, at l*VEC and ROT/2 + l*VEC, and the
-// matching VEC cos and VEC sin values. neox: pair p of the lane is (a[p], b[p]), cos/sin index
+// matching VEC cos and VEC sin values (read 16 bytes at a time at most, converted to fp32). neox: pair p of the lane is (a[p], b[p]), cos/sin index
 // l*VEC + p. gptj: pairs are adjacent elements, so each vector holds VEC/2 whole pairs (cos/sin
 // indices l*VEC/2 + p for a, ROT/4 + l*VEC/2 + p for b), which keeps every warp access contiguous;
 // with VEC == 1 a lane holds one whole pair, elements 2l and 2l + 1.
@@ -54,8 +55,9 @@ struct Geometry {
   static constexpr int kLanes = kHalf / VEC;
   // Lane groups in a block of about `target` threads (at least one).
   static constexpr int groups_for(int target) { return kLanes >= target ? 1 : target / kLanes; }
-  // cos/sin are fp32: loaded in chunks of at most 4 floats (16 bytes).
-  static constexpr int kCosVec = VEC < 4 ? VEC : 4;
+  // cos/sin (CacheT) are loaded in chunks of at most 16 bytes.
+  template <typename CacheT>
+  static constexpr int kCosVec = VEC < 16 / int(sizeof(CacheT)) ? VEC : 16 / int(sizeof(CacheT));
   // Heads per work item: cos/sin are re-read once per item, but each head holds 2 vectors of
   // registers; 2 heads of 16-byte vectors of 2-byte types, 4 of narrower vectors.
   static constexpr int kHeads = VEC >= 8 ? 2 : 4;
@@ -196,34 +198,36 @@ SGLJIT_DEVICE void rotate(HeadVec<T, VEC>& a, HeadVec<T, VEC>& b, const float* c
 }
 
 // cos/sin of the lane's VEC pairs, in the order rotate() takes them.
-template <int ROT, bool NEOX, int VEC>
-SGLJIT_DEVICE void load_cos_sin(const float* __restrict__ row, int lane, float* c, float* s) {
+template <int ROT, bool NEOX, int VEC, typename CacheT>
+SGLJIT_DEVICE void load_cos_sin(const CacheT* __restrict__ row, int lane, float* c, float* s) {
   using G = Geometry<ROT, VEC>;
+  constexpr int kMax = 16 / int(sizeof(CacheT));  // elements in 16 bytes
   if constexpr (G::template kSplit<NEOX>) {
-    // Pairs of vector a at lane*VEC/2, of vector b at ROT/4 + lane*VEC/2 (chunks of <= 4 floats).
-    constexpr int kH = VEC / 2, kW = kH < 4 ? kH : 4;
+    // Pairs of vector a at lane*VEC/2, of vector b at ROT/4 + lane*VEC/2 (chunks of <= 16 bytes).
+    constexpr int kH = VEC / 2, kW = kH < kMax ? kH : kMax;
 #pragma unroll
     for (int i = 0; i < VEC; i += kW) {
       const int idx = (i < kH ? 0 : ROT / 4 - kH) + lane * kH + i;
-      AlignedVector<float, kW> cv, sv;
+      AlignedVector<CacheT, kW> cv, sv;
       cv.load(row + idx);
       sv.load(row + G::kHalf + idx);
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
-        c[i + j] = cv[j];
-        s[i + j] = sv[j];
+        c[i + j] = to_float(cv[j]);
+        s[i + j] = to_float(sv[j]);
       }
     }
   } else {
+    constexpr int kW = G::template kCosVec<CacheT>;
 #pragma unroll
-    for (int i = 0; i < VEC; i += G::kCosVec) {
-      AlignedVector<float, G::kCosVec> cv, sv;
+    for (int i = 0; i < VEC; i += kW) {
+      AlignedVector<CacheT, kW> cv, sv;
       cv.load(row + lane * VEC + i);
       sv.load(row + G::kHalf + lane * VEC + i);
 #pragma unroll
-      for (int j = 0; j < G::kCosVec; ++j) {
-        c[i + j] = cv[j];
-        s[i + j] = sv[j];
+      for (int j = 0; j < kW; ++j) {
+        c[i + j] = to_float(cv[j]);
+        s[i + j] = to_float(sv[j]);
       }
     }
   }
@@ -253,10 +257,11 @@ struct ItemWalk {
 };
 
 // Loads the rotary part of `nheads` (<= HEADS) heads from src, rotates it by cos/sin `row` (no
-// rotation when row is null), stores it to dst (which may be src). All loads are issued first.
-template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
+// rotation when row is null), stores it to dst (which may be src) and, kBack, the rotated heads also
+// to `back` (src's heads, written in place). All loads are issued first.
+template <typename T, int ROT, bool NEOX, int VEC, int HEADS, bool kBack = false, typename CacheT>
 SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
-                              const float* __restrict__ row) {
+                              const CacheT* __restrict__ row, T* back = nullptr) {
   using Vec = HeadVec<T, VEC>;
   const int off1 = first_offset<ROT, NEOX, VEC>(lane);
   const int off2 = second_offset<ROT, NEOX, VEC>(lane);
@@ -281,15 +286,22 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
     if (h < nheads) {
       a[h].store(dst + h * dst_hs + off1);
       b[h].store(dst + h * dst_hs + off2);
+      if constexpr (kBack) {
+        if (row != nullptr) {
+          a[h].store(back + h * src_hs + off1);
+          b[h].store(back + h * src_hs + off2);
+        }
+      }
     }
   }
 }
 
 // ------------------------------------------------------------------------------------------------
 // apply_rope: q and k rotated in place.
-template <typename T, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores, int kMinBlocks>
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores,
+          int kMinBlocks>
 __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
-    rope_kernel(T* __restrict__ q, T* __restrict__ k, const float* __restrict__ cos_sin,
+    rope_kernel(T* __restrict__ q, T* __restrict__ k, const CacheT* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
   using C = RopeConfig<ROT, VEC>;
@@ -357,7 +369,8 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
 
 // ------------------------------------------------------------------------------------------------
 // apply_rope_with_kv_cache: q rotated in place; rotated k and v stored at k_cache[out_loc[t]],
-// v_cache[out_loc[t]]; k and v are only read.
+// v_cache[out_loc[t]]; v is only read, and k too unless ROTATE_K (then rotated in place as well,
+// whether or not its token's out_loc is in range).
 
 // Copies elements [FROM, HEAD_DIM) of `nheads` heads, VEC at a time, spread over the lane group;
 // (head, vector) pairs go in batches of 4 loads then 4 stores (bounded registers, loads in flight).
@@ -392,15 +405,20 @@ SGLJIT_DEVICE void copy_heads(const T* __restrict__ src, int64_t src_hs, T* __re
 }
 
 // The three kinds of work item of the KV kernel.
-template <typename T, int ROT, bool NEOX, int VEC, int HEADS>
-SGLJIT_DEVICE void kv_q_item(T* base, int64_t hs, int nheads, int lane, const float* row) {
+template <typename T, int ROT, bool NEOX, int VEC, int HEADS, typename CacheT>
+SGLJIT_DEVICE void kv_q_item(T* base, int64_t hs, int nheads, int lane, const CacheT* row) {
   rope_heads<T, ROT, NEOX, VEC, HEADS>(base, hs, base, hs, nheads, lane, row);
 }
 
-template <typename T, int HEAD_DIM, int ROT, bool NEOX, int VEC, int HEADS>
-SGLJIT_DEVICE void kv_k_item(const T* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
-                                       const float* row) {
-  rope_heads<T, ROT, NEOX, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane, row);
+// kBack: the rotated heads also go back into src (k rotated in place).
+template <typename T, int HEAD_DIM, int ROT, bool NEOX, int VEC, int HEADS, bool kBack, typename KT, typename CacheT>
+SGLJIT_DEVICE void kv_k_item(KT* src, int64_t src_hs, T* dst, int64_t dst_hs, int nheads, int lane,
+                             const CacheT* row) {
+  if constexpr (kBack) {
+    rope_heads<T, ROT, NEOX, VEC, HEADS, true>(src, src_hs, dst, dst_hs, nheads, lane, row, src);
+  } else {
+    rope_heads<T, ROT, NEOX, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane, row);
+  }
   copy_heads<T, HEAD_DIM, ROT, ROT / 2 / VEC, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane);
 }
 
@@ -409,10 +427,12 @@ SGLJIT_DEVICE void kv_v_item(const T* src, int64_t src_hs, T* dst, int64_t dst_h
   copy_heads<T, HEAD_DIM, 0, LANES, VEC, HEADS>(src, src_hs, dst, dst_hs, nheads, lane);
 }
 
-template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
+// KT: const T, or T when k is rotated in place (ROTATE_K).
+template <typename T, typename CacheT, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC,
+          bool ROTATE_K, typename KT = std::conditional_t<ROTATE_K, T, const T>>
 __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<ROT, VEC>::kMinBlocks)
-    rope_kv_kernel(T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
-                   T* __restrict__ v_cache, const float* __restrict__ cos_sin, const IdxT* __restrict__ positions,
+    rope_kv_kernel(T* __restrict__ q, KT* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
+                   T* __restrict__ v_cache, const CacheT* __restrict__ cos_sin, const IdxT* __restrict__ positions,
                    const LocT* __restrict__ out_loc, const RopeParams p) {
   using G = Geometry<ROT, VEC>;
   constexpr int H = G::kHeads;
@@ -423,7 +443,8 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
     const int64_t t = w.t;
     const int chunk = w.chunk;
     const IdxT pos = positions[t];
-    const float* row = in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
+    const CacheT* row =
+        in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
     if (chunk < p.q_chunks) {  // q: rotate in place (out-of-range position: untouched)
       const int h0 = chunk * H;
       if (row != nullptr) {
@@ -433,13 +454,22 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
       continue;
     }
     const LocT loc = out_loc[t];
-    if (!in_range(loc, p.num_slots)) continue;  // out of range: no store for this token
+    if (!in_range(loc, p.num_slots)) {  // out of range: no store for this token
+      if constexpr (ROTATE_K) {         // (but its k is rotated in place all the same)
+        if (row != nullptr && chunk < p.q_chunks + p.k_chunks) {
+          const int h0 = (chunk - p.q_chunks) * H;
+          kv_q_item<T, ROT, NEOX, VEC, H>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
+                                          min(H, p.k_heads - h0), lane, row);
+        }
+      }
+      continue;
+    }
     const int64_t slot = static_cast<int64_t>(loc);
     if (chunk < p.q_chunks + p.k_chunks) {  // k: rotated into k_cache (unrotated if no row)
       const int h0 = (chunk - p.q_chunks) * H;
-      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
-                                                k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h, p.kc_stride_h,
-                                                min(H, p.k_heads - h0), lane, row);
+      kv_k_item<T, HEAD_DIM, ROT, NEOX, VEC, H, ROTATE_K>(k + t * p.k_stride_t + h0 * p.k_stride_h, p.k_stride_h,
+                                                          k_cache + slot * p.kc_stride_s + h0 * p.kc_stride_h,
+                                                          p.kc_stride_h, min(H, p.k_heads - h0), lane, row);
     } else {  // v: copied into v_cache
       const int h0 = (chunk - p.q_chunks - p.k_chunks) * H;
       kv_v_item<T, HEAD_DIM, G::kLanes, VEC, H>(v + t * p.v_stride_t + h0 * p.v_stride_h, p.v_stride_h,
@@ -496,10 +526,10 @@ constexpr int widest_vec() {
 }
 
 // Whether `vec`-element vectors fit every [T, H, D] tensor of `heads` (data pointer, and the strides
-// of its first two dimensions where their size is > 1) and min(vec, 4)-float ones the fp32
-// cos_sin_cache (pointer, row stride). The entry points run kVec where they fit, else 1-element
-// vectors: views at odd offsets are rare, and two specializations keep compile time down.
-template <typename T>
+// of its first two dimensions where their size is > 1) and Geometry's cos/sin chunks the cache
+// (pointer, row stride). The entry points run kVec where they fit, else 1-element vectors: views at
+// odd offsets are rare, and two specializations keep compile time down.
+template <typename T, typename CacheT>
 inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads, const TensorView& cache) {
   for (const TensorView* t : heads) {
     if (reinterpret_cast<uintptr_t>(t->data_ptr()) % (vec * sizeof(T)) != 0) return false;
@@ -507,20 +537,21 @@ inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads,
       if (t->size(d) > 1 && t->stride(d) % vec != 0) return false;
     }
   }
-  const int cos_vec = vec < 4 ? vec : 4;
-  if (reinterpret_cast<uintptr_t>(cache.data_ptr()) % (cos_vec * 4) != 0) return false;
+  const int cos_max = 16 / static_cast<int>(sizeof(CacheT));
+  const int cos_vec = vec < cos_max ? vec : cos_max;
+  if (reinterpret_cast<uintptr_t>(cache.data_ptr()) % (cos_vec * sizeof(CacheT)) != 0) return false;
   return cache.size(0) <= 1 || cache.stride(0) % cos_vec == 0;
 }
 
 // apply_rope's entry point: the module's checks, then kVec-element vectors where they fit.
-template <typename T, typename IdxT, int ROT, bool NEOX>
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX>
 struct RopeKernel {
   static constexpr int kVec = widest_vec<T, ROT / 2>();
 
   static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox);
 };
 
-template <typename T, typename IdxT, int ROT, bool NEOX, int VEC>
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC>
 struct RopeLaunch {
   using G = Geometry<ROT, VEC>;
   using C = RopeConfig<ROT, VEC>;
@@ -548,8 +579,8 @@ struct RopeLaunch {
     const int64_t l2 = device_attribute(device.device_id, cudaDevAttrL2CacheSize);
     const bool stream = rotated_bytes <= l2;
     // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
-    constexpr auto wide = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
-    constexpr auto tight = rope_kernel<T, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave>;
+    constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
+    constexpr auto tight = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave>;
     const int64_t blocks = div_ceil<int64_t>(n * p.chunks, C::kGroups);
     const int64_t sms = num_sms(device.device_id);
     const bool one_wave = C::kMinBlocksOneWave != C::kMinBlocks &&
@@ -557,8 +588,8 @@ struct RopeLaunch {
                           blocks <= sms * resident_blocks<tight>(device.device_id, C::kBlock);
     auto go = [&](auto stream_c, auto one_wave_c) {
       constexpr int kMin = decltype(one_wave_c)::value ? C::kMinBlocksOneWave : C::kMinBlocks;
-      launch<rope_kernel<T, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache, positions, p,
-                                                                                 device);
+      launch<rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache,
+                                                                                         positions, p, device);
     };
     using Yes = std::true_type;
     using No = std::false_type;
@@ -580,26 +611,29 @@ struct RopeLaunch {
     const int64_t wave = int64_t{sms} * resident_blocks<kernel>(device.device_id, C::kBlock);
     p.prefetch_blocks = grid <= sms ? grid : grid > wave ? static_cast<int32_t>(wave) : 0;
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
-        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
-        static_cast<const IdxT*>(positions.data_ptr()), p);
+        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()),
+        static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()), p);
   }
 };
 
-template <typename T, typename IdxT, int ROT, bool NEOX>
-void RopeKernel<T, IdxT, ROT, NEOX>::run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions,
-                                          bool is_neox) {
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX>
+void RopeKernel<T, CacheT, IdxT, ROT, NEOX>::run(TensorView q, TensorView k, TensorView cos_sin_cache,
+                                                  TensorView positions, bool is_neox) {
   check_dtype<T>(q, "q");
+  check_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
   check_dtype<IdxT>(positions, "positions");
   check_style(is_neox, NEOX);
   check_rotary(cos_sin_cache, ROT, q.size(2));
-  if (vectors_fit<T>(kVec, {&q, &k}, cos_sin_cache)) {
-    RopeLaunch<T, IdxT, ROT, NEOX, kVec>::run(q, k, cos_sin_cache, positions);
+  if (vectors_fit<T, CacheT>(kVec, {&q, &k}, cos_sin_cache)) {
+    RopeLaunch<T, CacheT, IdxT, ROT, NEOX, kVec>::run(q, k, cos_sin_cache, positions);
   } else {
-    RopeLaunch<T, IdxT, ROT, NEOX, 1>::run(q, k, cos_sin_cache, positions);
+    RopeLaunch<T, CacheT, IdxT, ROT, NEOX, 1>::run(q, k, cos_sin_cache, positions);
   }
 }
 
-template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
+// ROTATE_K: k is rotated in place too (the op that declares k written).
+template <typename T, typename CacheT, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC,
+          bool ROTATE_K>
 struct RopeKVLaunch {
   using G = Geometry<ROT, VEC>;
   using C = RopeKVConfig<ROT, VEC>;
@@ -630,19 +664,19 @@ struct RopeKVLaunch {
     p.num_slots = slots;
     if (n == 0) return;
     const DLDevice device = q.device();
-    constexpr auto kernel = rope_kv_kernel<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC>;
+    constexpr auto kernel = rope_kv_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
     const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p);
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(
-        static_cast<T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
+        static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
         static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
-        static_cast<const float*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
+        static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
         static_cast<const LocT*>(out_loc.data_ptr()), p);
   }
 };
 
 // apply_rope_with_kv_cache's entry point: the module's checks, then kVec-element vectors where they
 // fit every tensor.
-template <typename T, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX>
+template <typename T, typename CacheT, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, bool ROTATE_K>
 struct RopeKVKernel {
   static_assert(ROT <= HEAD_DIM, "bad head_dim for this specialization");
   static constexpr int kVec = widest_vec<T, ROT / 2, HEAD_DIM>();
@@ -650,17 +684,18 @@ struct RopeKVKernel {
   static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
                   TensorView cos_sin_cache, TensorView positions, TensorView out_loc, bool is_neox) {
     check_dtype<T>(q, "q");
+    check_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
     check_dtype<IdxT>(positions, "positions");
     check_dtype<LocT>(out_loc, "out_loc");
     check_style(is_neox, NEOX);
     RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
     check_rotary(cos_sin_cache, ROT, HEAD_DIM);
-    if (vectors_fit<T>(kVec, {&q, &k, &v, &k_cache, &v_cache}, cos_sin_cache)) {
-      RopeKVLaunch<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, kVec>::run(q, k, v, k_cache, v_cache, cos_sin_cache, positions,
-                                                                  out_loc);
+    if (vectors_fit<T, CacheT>(kVec, {&q, &k, &v, &k_cache, &v_cache}, cos_sin_cache)) {
+      RopeKVLaunch<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, kVec, ROTATE_K>::run(q, k, v, k_cache, v_cache,
+                                                                                 cos_sin_cache, positions, out_loc);
     } else {
-      RopeKVLaunch<T, IdxT, LocT, HEAD_DIM, ROT, NEOX, 1>::run(q, k, v, k_cache, v_cache, cos_sin_cache, positions,
-                                                               out_loc);
+      RopeKVLaunch<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, 1, ROTATE_K>::run(q, k, v, k_cache, v_cache,
+                                                                              cos_sin_cache, positions, out_loc);
     }
   }
 };
