@@ -492,6 +492,24 @@ print(per_call_us(lambda: f(x, w, out, 1e-6), int(sys.argv[2]), torch.cuda.synch
 """
 
 
+@contextlib.contextmanager
+def _module_functions(wrap, ops):
+    """Inside the block, every memoized CUDA function of ``ops`` is ``wrap(fn)``."""
+    saved = {op: dict(op._cuda_fns) for op in ops}
+    try:
+        for op in ops:
+            op._cuda_fns.update({key: wrap(fn) for key, fn in saved[op].items()})
+        yield
+    finally:
+        for op in ops:
+            op._cuda_fns.update(saved[op])
+
+
+def _no_op(fn):
+    """A module function's stand-in that does nothing (the Python path timed alone)."""
+    return lambda *args: None
+
+
 def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
     """Where an eager rmsnorm call's host time goes: its Python path alone (the module function
     replaced by a no-op), and its module function alone (tvm-ffi call, generated C++ checks,
@@ -503,10 +521,7 @@ def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
 
         x, w, out = _rms_tensors()
         ops.rmsnorm(x, w, out=out)
-        fns = ops._rmsnorm._cuda_fns
-        saved = dict(fns)
-        try:
-            fns.update(dict.fromkeys(fns, lambda *a: None))
+        with _module_functions(_no_op, [ops._rmsnorm]):
             for label, ctx in (
                 ("", contextlib.nullcontext),
                 (", inference_mode", torch.inference_mode),
@@ -517,8 +532,6 @@ def bench_rmsnorm_parts(rep: Report, calls: int, sync) -> None:
                         f"{per_call_us(lambda: ops.rmsnorm(x, w, out=out), calls):.2f} µs",
                         note="public function + dispatch, no C++ call",
                     )
-        finally:
-            fns.update(saved)
     except Exception as e:
         rep.error("host: rmsnorm's Python path", e)
     for pdl in ("1", "0"):
@@ -818,7 +831,6 @@ def _call_parts(make_fn, inputs, calls: int, sync) -> tuple[str, str]:
     from sgljit.testing import families
 
     ops = [op for family in families() for op in family.ops.values()]
-    saved = {op: dict(op._cuda_fns) for op in ops}
     recorded: list = []
 
     def recording(fn):
@@ -826,18 +838,13 @@ def _call_parts(make_fn, inputs, calls: int, sync) -> tuple[str, str]:
 
     try:
         fn = make_fn()
-        for op in ops:
-            op._cuda_fns.update({k: recording(f) for k, f in saved[op].items()})
-        fn(inputs)
-        sync()
-        for op in ops:
-            op._cuda_fns.update(dict.fromkeys(saved[op], lambda *args: None))
-        python_us = per_call_us(lambda: fn(inputs), calls)
+        with _module_functions(recording, ops):
+            fn(inputs)
+            sync()
+        with _module_functions(_no_op, ops):
+            python_us = per_call_us(lambda: fn(inputs), calls)
     except Exception as e:
         return "failed: " + _short(e), ""
-    finally:
-        for op in ops:
-            op._cuda_fns.update(saved[op])
     if not recorded:
         return f"{python_us:.2f}", "no module call"
 
