@@ -1,0 +1,1 @@
+"""FlashInfer's call sites."""

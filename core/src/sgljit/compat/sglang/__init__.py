@@ -1,0 +1,1 @@
+"""sglang.jit_kernel's call sites."""
