@@ -487,8 +487,9 @@ from sgljit_norm.ops import family
 x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
 w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
 out = torch.empty_like(x)
-f = family.cuda_module("rows", {"dtype": torch.bfloat16, "width": 4096}).rmsnorm
-print(per_call_us(lambda: f(x, w, out, 1e-6), int(sys.argv[2]), torch.cuda.synchronize))
+key = {"dtype": torch.bfloat16, "weight": torch.bfloat16, "width": 4096, "round": False}
+f = family.cuda_module("rows", key).rmsnorm
+print(per_call_us(lambda: f(x, w, out, 1e-6, False), int(sys.argv[2]), torch.cuda.synchronize))
 """
 
 

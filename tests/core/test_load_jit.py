@@ -121,6 +121,7 @@ def load_matcher():
             ("writable2", "MatchWritable2::run"),
             ("writable3", "MatchWritable3::run"),
             ("check_lazily", "CheckLazily::run"),
+            ("same_or", "MatchSameOr::run"),
         ],
         source_dir=KERNELS,
     )
@@ -166,6 +167,17 @@ def test_tensor_matcher_messages_are_exact(cache_dir):
             "x: dtype expected one of {float32}, got bfloat16",
         ),
         (m.on_cuda, (z(4),), "x: expected a tensor on cuda, got one on cpu:0"),
+        (
+            m.same_or,
+            (z(2, dtype=torch.float64), z(2, dtype=torch.int32), z(2)),
+            "w: dtype expected float64 (same as the tensors before it) or one of {float32}, "
+            "got int32",
+        ),
+        (
+            m.same_or,
+            (z(2, dtype=torch.float64), z(2), z(2, dtype=torch.float64)),
+            "w2: dtype expected float32 (same as the tensors before it), got float64",
+        ),
         (m.read_unbound, (0,), "size 'k' was never bound"),
         (m.read_unbound, (1,), "dtype was never bound"),
         (m.read_unbound, (2,), "device was never bound"),
@@ -185,6 +197,12 @@ def test_tensor_matcher_messages_are_exact(cache_dir):
     m.contiguous(z(4, 4))
     for table in (torch.float64, torch.float32):
         m.table(z(3, dtype=torch.float64), z(5, dtype=table))
+    for x, w in (
+        (torch.float64, torch.float64),
+        (torch.float64, torch.float32),
+        (torch.int32, torch.int32),
+    ):
+        m.same_or(z(2, dtype=x), z(2, dtype=w), z(2, dtype=w))
 
 
 def test_sgljit_check_builds_its_message_only_on_failure(cache_dir):

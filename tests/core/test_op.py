@@ -151,6 +151,63 @@ def test_generated_cpp_checks_mirror_the_spec():
     assert code.rstrip().endswith("Kernel<4>::run(input, out, factor);\n}")
 
 
+# An op whose weight has the input's dtype or float32, and a second weight of the first's dtype.
+scaled_by = family.op(
+    "test_op_scaled_by",
+    args={
+        "input": Tensor("rows", "width"),
+        "weight": Tensor("width", dtype=("input", torch.float32)),
+        "weight2": Tensor("width", dtype="weight"),
+        "out": Tensor("rows", "width", dtype="input", io="out"),
+    },
+    reference=lambda input, weight, weight2, out: out.copy_(input * weight * weight2),
+    cases=[
+        Case(
+            "3x5 bf16, float32 weights",
+            lambda dev: (
+                torch.randn(3, 5, device=dev, dtype=torch.bfloat16),
+                torch.randn(5, device=dev),
+                torch.randn(5, device=dev),
+                torch.empty(3, 5, device=dev, dtype=torch.bfloat16),
+            ),
+            2e-2,
+        )
+    ],
+)
+
+
+def test_a_dtype_may_be_another_tensors_or_one_listed():
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    x, out = torch.randn(3, 5, dtype=bf16), torch.empty(3, 5, dtype=bf16)
+    for wdt in (bf16, fp32):  # the input's dtype or float32
+        w = torch.randn(5, dtype=wdt)
+        scaled_by(x, w, w, out)
+        torch.testing.assert_close(out, (x * w * w).to(bf16))
+    with pytest.raises(
+        ValueError,
+        match=r"^weight: dtype expected bfloat16 \(same as the tensors before it\) or one of "
+        r"\{float32\}, got float16$",
+    ):
+        scaled_by(x, torch.randn(5, dtype=fp16), torch.randn(5, dtype=fp16), out)
+    with pytest.raises(ValueError, match=r"^weight2: dtype expected float32 \(same as"):
+        scaled_by(x, torch.randn(5), torch.randn(5, dtype=bf16), out)
+    assert scaled_by.args["weight"].same_as == "input"
+    assert scaled_by.args["weight"].dtypes == (fp32,)
+    assert scaled_by.args["weight2"].same_as == "weight" and scaled_by.args["weight2"].dtypes == ()
+    code = scaled_by.cpp_checks("checked", "Kernel::run")
+    assert (
+        "  SymbolicDType dtype_weight;\n  TensorMatcher({size_width}).with_strides({1})"
+        ".with_dtype_or<fp32_t>(dtype_input, dtype_weight).with_device(device)"
+        '.verify(weight, "weight");'
+    ) in code
+    assert '.with_dtype(dtype_weight).with_device(device).verify(weight2, "weight2");' in code
+    wrong = {what for what, _, _ in bad_inputs(scaled_by, torch.device("cpu"), "reference")}
+    # weight: neither the input's dtype (bfloat16) nor float32; weight2: not weight's (float32)
+    assert {"weight of dtype torch.float16", "weight2 of dtype torch.float16"} <= wrong
+    with pytest.raises(ValueError, match="names at most one tensor"):
+        Tensor(4, dtype=("input", "weight"))
+
+
 def test_bad_inputs_are_generated_from_the_spec():
     found = {what: name for what, _, name in bad_inputs(scaled_copy, torch.device("cpu"), "sycl")}
     assert found == {
@@ -362,10 +419,13 @@ def test_a_dtype_may_be_an_earlier_tensors_or_one_of_a_list():
     ):
         table_lookup(x, torch.ones(3, 4, dtype=torch.float16))
     code = table_lookup.cpp_checks("checked", "Lookup::run")
-    assert '.with_dtype_or<fp32_t>(dtype_input).with_device(device).verify(table, "table");' in code
+    assert (
+        '.with_dtype_or<fp32_t>(dtype_input, dtype_table).with_device(device).verify(table, "table");'
+        in code
+    )
     wrong = [what for what, _, _ in bad_inputs(table_lookup, torch.device("cpu"), "reference")]
     assert "table of dtype torch.float16" in wrong  # neither bfloat16 nor float32
-    with pytest.raises(ValueError, match="y's dtype may name one earlier tensor"):
+    with pytest.raises(ValueError, match="dtype names at most one tensor"):
         family.op(
             "test_op_dtype_two_refs",
             args={"x": Tensor(4), "z": Tensor(4), "y": Tensor(4, dtype=("x", "z"))},

@@ -1,5 +1,7 @@
 """sgljit-norm: rmsnorm, fused_add_rmsnorm, gemma variants, qknorm, qknorm_across_heads, and
-RMSNorm -> fp8 (rmsnorm_quant_fp8, fused_add_rmsnorm_quant_fp8; static or per-token scale).
+RMSNorm -> fp8 (rmsnorm_quant_fp8, fused_add_rmsnorm_quant_fp8; static or per-token scale); float32
+weights of 16-bit rows, Hugging Face's rounding (round_before_weight), [B, S, H] slices of bigger
+buffers.
 
 Every backend (reference on CPU, SYCL on the SYCL CPU device, CUDA on a GPU) is checked against an
 independent float64 formula on random data, with outputs poisoned (NaN) beforehand. Without a GPU, the
@@ -81,6 +83,28 @@ ACROSS_CASES = {  # (dtype, q width, k width)
     "sycl": [(BF16, 512, 128), (FP32, 1000, 200)],
     "cuda": [(BF16, 4096, 1024), (FP32, 1000, 202)],
 }
+# float32 weights of 16-bit rows. CUDA: the weight in registers (bf16 256: one vector per thread), from
+# L1 after the reduction (bf16 4096, 16384; fp16 5120), the generic kernel (bf16 100).
+MIXED_CASES = {
+    "reference": [(BF16, 64)],
+    "sycl": [(BF16, 1024), (FP16, 100)],
+    "cuda": [(BF16, 256), (BF16, 4096), (FP16, 5120), (BF16, 16384), (BF16, 100)],
+}
+MIXED_QK_CASES = {  # (dtype, head_dim, q width, k width) with float32 weights
+    "reference": [(BF16, 128, 256, 128)],
+    "sycl": [(BF16, 128, 512, 128)],
+    "cuda": [(BF16, 128, 4096, 1024), (FP16, 256, 1000, 202)],
+}
+ROUND_CASES = {  # round_before_weight
+    "reference": [(BF16, 96)],
+    "sycl": [(BF16, 1024), (FP16, 100)],
+    "cuda": [(BF16, 4096), (FP16, 1024), (BF16, 100)],
+}
+BATCHED_CASES = {  # [B, S, H] slices of bigger buffers
+    "reference": [(BF16, 64)],
+    "sycl": [(BF16, 1024), (FP16, 100)],
+    "cuda": [(BF16, 4096), (FP16, 5120), (BF16, 100)],
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,13 +127,22 @@ def _name(dtype: torch.dtype) -> str:
 def _cuda_specs() -> list[dict]:
     """Every CUDA module the GPU tests use, as ``family.prebuild`` arguments (one per module)."""
     w = ops.compiled_width
-    specs = [dict(op="rmsnorm", dtype=dt, width=w(dt, h)) for dt, h in ROW_CASES["cuda"]]
-    specs += [dict(op="rmsnorm", dtype=dt, width=w(dt, h)) for dt, h in GEMMA_CASES["cuda"]]
-    specs += [dict(op="qknorm", dtype=dt, width=w(dt, d)) for dt, d in QK_CASES["cuda"]]
+
+    def rows(dt, h, weight=None, round=False):
+        return dict(op="rmsnorm", dtype=dt, weight=weight or dt, width=w(dt, h), round=round)
+
+    cases = ROW_CASES["cuda"] + GEMMA_CASES["cuda"] + BATCHED_CASES["cuda"]
+    specs = [rows(dt, h) for dt, h in cases]
+    specs += [rows(dt, h, weight=FP32) for dt, h in MIXED_CASES["cuda"]]
+    specs += [rows(dt, h, round=True) for dt, h in ROUND_CASES["cuda"]]
+    specs += [dict(op="qknorm", dtype=dt, weight=dt, width=w(dt, d)) for dt, d in QK_CASES["cuda"]]
     for dt, wq, wk in ACROSS_CASES["cuda"]:
         specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk)))
     for dt, h, f8 in QUANT_CASES["cuda"]:
         specs.append(dict(op="rmsnorm_quant_fp8_static", **ops._quant_params(dt, f8, h)))
+    for dt, d, wq, wk in MIXED_QK_CASES["cuda"]:
+        specs.append(dict(op="qknorm", dtype=dt, weight=FP32, width=w(dt, d)))
+        specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk, FP32)))
     unique = {}
     for s in specs:
         s = {k: _name(v) if isinstance(v, torch.dtype) else v for k, v in s.items()}
@@ -308,6 +341,150 @@ def test_qknorm_across_heads(backend, case, backend_env):
         assert torch.equal(qkv[:, wq + wk :], before[:, wq + wk :]), what + " v"
 
 
+ROW_OPS = ("rmsnorm", "gemma_rmsnorm", "fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
+
+
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(MIXED_CASES))
+@pytest.mark.parametrize("name", ROW_OPS)
+def test_float32_weight_of_16_bit_rows(backend, case, name, backend_env):
+    device, ctx = backend_env
+    dtype, h = case
+    gemma, fn = name.startswith("gemma"), getattr(ops, name)
+    w = _randn((h,), FP32, device, 60, scale=0.5 if gemma else 1.0)
+    assert w.double().to(dtype).double().ne(w.double()).any(), "the weight must not fit the dtype"
+    for t in TOKENS[backend]:
+        x = _randn((t, h), dtype, device, 600 + t, scale=2.0)
+        what = f"{name} T={t} H={h} {dtype}, float32 weight"
+        if "fused" in name:
+            r = _randn((t, h), dtype, device, 700 + t)
+            total = (x.double() + r.double()).to(dtype)
+            with ctx():
+                fn(x, r, w, 1e-6)
+            torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0, msg=what)
+            _close(x, _oracle(total, w, 1e-6, gemma), dtype, what)
+        else:
+            out = _poison((t, h), dtype, device)
+            with ctx():
+                fn(x, w, 1e-6, out=out)
+            _close(out, _oracle(x, w, 1e-6, gemma), dtype, what)
+
+
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(MIXED_QK_CASES))
+def test_qk_norms_with_float32_weights(backend, case, backend_env):
+    device, ctx = backend_env
+    dtype, d, wq, wk = case
+    qw, kw = _randn((d,), FP32, device, 61), _randn((d,), FP32, device, 62)
+    for t in TOKENS[backend]:
+        qkv = _randn((t, 6 * d), dtype, device, 800 + t)
+        q, k = qkv[:, : 4 * d].view(t, 4, d), qkv[:, 4 * d : 6 * d].view(t, 2, d)
+        eq, ek = _oracle(q, qw, 1e-6), _oracle(k, kw, 1e-6)
+        with ctx():
+            ops.qknorm(q, k, qw, kw, 1e-6)
+        _close(q, eq, dtype, f"qknorm T={t} D={d} float32 weights, q")
+        _close(k, ek, dtype, f"qknorm T={t} D={d} float32 weights, k")
+    qw, kw = _randn((wq,), FP32, device, 63), _randn((wk,), FP32, device, 64)
+    for t in TOKENS[backend]:
+        q, k = _randn((t, wq), dtype, device, 900 + t), _randn((t, wk), dtype, device, 950 + t)
+        eq, ek = _oracle(q, qw, 1e-6), _oracle(k, kw, 1e-6)
+        with ctx():
+            ops.qknorm_across_heads(q, k, qw, kw, 1e-6)
+        _close(q, eq, dtype, f"qknorm_across_heads T={t} {wq}/{wk} float32 weights, q")
+        _close(k, ek, dtype, f"qknorm_across_heads T={t} {wq}/{wk} float32 weights, k")
+    with pytest.raises(ValueError, match=r"^k_weight: dtype expected float32 \(same as"):
+        ops.qknorm(
+            q.view(t, -1, d),
+            k.view(t, -1, d),
+            _randn((d,), FP32, device, 1),
+            _randn((d,), dtype, device, 2),
+        )
+
+
+def _hf_rounded(x, w, eps: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Hugging Face's LlamaRMSNorm, the same without the rounding before the weight multiply),
+    both in float64 and rounded to ``dtype`` at the end."""
+    xd = x.double()
+    normed = xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + eps)
+    hf = (normed.to(dtype).double() * w.double()).to(dtype)
+    return hf, (normed * w.double()).to(dtype)
+
+
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(ROUND_CASES))
+@pytest.mark.parametrize("fused", [False, True])
+def test_round_before_weight_is_hugging_faces_rounding(backend, case, fused, backend_env):
+    """Element by element the output is Hugging Face's (x * rsqrt(...) rounded to the dtype, then the
+    weight multiply), not the single rounding at the end, which differs on these inputs."""
+    device, ctx = backend_env
+    dtype, h = case
+    w = _randn((h,), dtype, device, 65, scale=3.0)
+    t = 64
+    x = _randn((t, h), dtype, device, 66, scale=2.0)
+    if fused:  # the float32 sum is normalized (sglang's cast_x_before_out_mul)
+        r = _randn((t, h), dtype, device, 67)
+        total = (x.double() + r.double()).to(dtype)
+        hf, plain = _hf_rounded(x.double() + r.double(), w, 1e-6, dtype)
+        with ctx():
+            ops.fused_add_rmsnorm(x, r, w, 1e-6, round_before_weight=True)
+        torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
+        out = x
+    else:
+        hf, plain = _hf_rounded(x, w, 1e-6, dtype)
+        out = _poison((t, h), dtype, device)
+        with ctx():
+            ops.rmsnorm(x, w, 1e-6, out=out, round_before_weight=True)
+    what = f"{'fused_add_rmsnorm' if fused else 'rmsnorm'} H={h} {dtype} round_before_weight"
+    _close(out, hf, dtype, what)
+    off_hf = out.ne(hf).double().mean().item()
+    off_plain = out.ne(plain).double().mean().item()
+    assert hf.ne(plain).double().mean().item() > 0.02, "the inputs must tell the roundings apart"
+    assert off_hf < 1e-3 < 0.01 < off_plain, (
+        f"{what}: {off_hf} differ from HF, {off_plain} from one rounding"
+    )
+
+
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(BATCHED_CASES))
+def test_batched_slices_of_bigger_buffers(backend, case, backend_env):
+    """[B, S, H] views whose leading dimensions do not collapse into one row stride (rows 1..S of
+    each batch of a bigger buffer) are normalized where they are; the rest of the buffers stays."""
+    device, ctx = backend_env
+    dtype, h = case
+    b, s = 3, 5
+    w = _randn((h,), dtype, device, 70)
+    x = _randn((b, s + 2, h), dtype, device, 71)[:, 1:-1]
+    out_buf = _poison((b, s + 3, h), dtype, device)
+    out = out_buf[:, 2:-1]
+    assert out.shape == x.shape == (b, s, h) and out.stride(0) != s * out.stride(1)
+    for name, gemma in (("rmsnorm", False), ("gemma_rmsnorm", True)):
+        out_buf.fill_(float("nan"))
+        with ctx():
+            assert getattr(ops, name)(x, w, out=out) is out
+        _close(out, _oracle(x, w, 1e-6, gemma), dtype, f"{name} into a [B, S, H] slice")
+        assert torch.isnan(out_buf[:, :2]).all() and torch.isnan(out_buf[:, -1]).all(), name
+    out_buf.fill_(float("nan"))
+    with ctx():  # [B*S, H] rows into the slice, float32 weight, rounding
+        ops.rmsnorm(x.reshape(b * s, h), w.float(), out=out, round_before_weight=True)
+    _close(out, _hf_rounded(x, w, 1e-6, dtype)[0], dtype, "rmsnorm of rows into a slice")
+    assert torch.isnan(out_buf[:, :2]).all() and torch.isnan(out_buf[:, -1]).all()
+    buf = _randn((b, s + 2, h), dtype, device, 72)
+    before, inplace = buf.clone(), buf[:, 1:-1]
+    expected = _oracle(inplace, w, 1e-6)
+    with ctx():
+        ops.rmsnorm(inplace, w, out=inplace)
+    _close(inplace, expected, dtype, "rmsnorm in place on a slice")
+    assert torch.equal(buf[:, 0], before[:, 0]) and torch.equal(buf[:, -1], before[:, -1])
+
+    for name, gemma in (("fused_add_rmsnorm", False), ("gemma_fused_add_rmsnorm", True)):
+        xb = _randn((b, s + 1, h), dtype, device, 73)
+        rb = _randn((b, s + 2, h), dtype, device, 74)
+        xb_before, rb_before = xb.clone(), rb.clone()
+        xv, rv = xb[:, 1:], rb[:, :-2]
+        total = (xv.double() + rv.double()).to(dtype)
+        with ctx():
+            getattr(ops, name)(xv, rv, w)
+        torch.testing.assert_close(rv.double(), total.double(), rtol=0, atol=0, msg=name)
+        _close(xv, _oracle(total, w, 1e-6, gemma), dtype, f"{name} on [B, S, H] slices")
+        assert torch.equal(xb[:, 0], xb_before[:, 0]) and torch.equal(rb[:, -2:], rb_before[:, -2:])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_and_nd_views(backend, backend_env):
     """Rows of a wider buffer (input, out), 3-D inputs, and an out view whose surroundings stay NaN."""
@@ -329,7 +506,7 @@ def test_strided_and_nd_views(backend, backend_env):
         y3 = ops.rmsnorm(x3, w)
     assert y3.shape == x3.shape
     _close(y3, _oracle(x3, w, 1e-6), dtype, "3-D rmsnorm")
-    # leading dimensions that do not collapse into one stride: the input is copied first
+    # leading dimensions that do not collapse into one stride: the *_3d op reads them in place
     x_nc = _randn((5, 3, h), dtype, device, 10).transpose(0, 1)
     with ctx():
         y_nc = ops.rmsnorm(x_nc, w)
@@ -826,10 +1003,21 @@ def test_bad_inputs_the_public_functions_add():
     with pytest.raises(ValueError, match=r"^q: head dim \(last dimension\) 96 is not supported"):
         ops.qknorm(q, q.clone(), w, w)
     x3 = torch.randn(3, 5, 64, dtype=FP16).transpose(0, 1)
+    x4 = torch.randn(2, 3, 5, 64, dtype=FP16).transpose(0, 2)  # 4-D: no [rows, H] view
     with pytest.raises(ValueError, match=r"^input: written in place, so its leading dimensions"):
-        ops.fused_add_rmsnorm(x3, x3.clone(), torch.randn(64, dtype=FP16))
+        ops.fused_add_rmsnorm(x4, x4.clone(), torch.randn(64, dtype=FP16))
     with pytest.raises(ValueError, match=r"^out: written in place"):
-        ops.rmsnorm(x3.contiguous(), torch.randn(64, dtype=FP16), out=x3)
+        ops.rmsnorm(x4.contiguous(), torch.randn(64, dtype=FP16), out=x4)
+    with pytest.raises(ValueError, match=r"^residual: written in place, so it must be a view of"):
+        r4 = torch.randn(5, 3, 64, dtype=FP16).transpose(0, 1).unsqueeze(2)  # [3, 5, 1, 64]
+        ops.fused_add_rmsnorm(x3, r4, torch.randn(64, dtype=FP16))
+    with pytest.raises(
+        ValueError,
+        match=r"^weight: dtype expected float16 \(same as the tensors before it\) or one of \{float32\}, got bfloat16",
+    ):
+        ops.rmsnorm(x3, torch.randn(64, dtype=BF16))
+    with pytest.raises(TypeError, match=r"^round_before_weight: expected bool, got int"):
+        ops.rmsnorm(x3, torch.randn(64, dtype=FP16), round_before_weight=1)
     with pytest.raises(
         ValueError, match=r"^input: expected 2-D tensor of shape \[num_tokens, hidden\], got 0-D"
     ):
@@ -870,7 +1058,14 @@ def test_prebuild_specs_take_the_fast_path():
         specs = ops.family.prebuild_specs(backend)
         assert specs and all(s["op"] in ops.family.ops for s in specs)
     cuda = ops.family.prebuild_specs("cuda")
-    assert {"op": "rmsnorm", "dtype": "bfloat16", "width": 4096} in cuda
+    rows = {
+        "op": "rmsnorm",
+        "dtype": "bfloat16",
+        "weight": "bfloat16",
+        "width": 4096,
+        "round": False,
+    }
+    assert rows in cuda
     assert all(s.get("width") for s in cuda), "every prebuilt CUDA module is a fast-path width"
     assert any(s["op"] == "qknorm" for s in cuda)
     with pytest.raises(ValueError, match="backend"):

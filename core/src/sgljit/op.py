@@ -65,8 +65,8 @@ _DECLARED: dict[str, str] = {}
 class Tensor:
     """A tensor argument. ``shape``: one entry per dimension — a name (sizes of one name must agree
     across the op's tensors), an int, or None (any size). ``dtype``: the dtypes allowed, or the
-    name of an earlier tensor argument whose dtype it must have, or a tuple of one such name and
-    dtypes (``("q", torch.float32)``: q's dtype or float32). ``layout``: ``"rows"`` (unit
+    name of an earlier tensor argument whose dtype it must have, or both in one tuple: that
+    tensor's dtype or one of the dtypes listed (``("input", torch.float32)``). ``layout``: ``"rows"`` (unit
     stride in the last dimension, any other strides), ``"contiguous"`` or ``"strided"``. ``io``:
     ``"in"`` (read), ``"out"`` (every element written, none read), ``"inout"`` (updated in
     place) or ``"scratch"`` (a workspace the kernels write and read back: its contents before and
@@ -83,14 +83,33 @@ class Tensor:
             raise ValueError(f"Tensor: layout must be one of {LAYOUTS} and io one of {IO}")
         if not shape:
             raise ValueError("Tensor: give at least one dimension (a 0-d tensor is shape (1,))")
+        dtype = dtype if isinstance(dtype, str) else tuple(dtype)
+        if not isinstance(dtype, str) and sum(isinstance(d, str) for d in dtype) > 1:
+            raise ValueError(f"Tensor: dtype names at most one tensor, got {dtype}")
         object.__setattr__(self, "shape", tuple(shape))
-        object.__setattr__(self, "dtype", dtype if isinstance(dtype, str) else tuple(dtype))
+        object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "layout", layout)
         object.__setattr__(self, "io", io)
 
     @property
     def written(self) -> bool:
         return self.io != "in"
+
+    @property
+    def same_as(self) -> str | None:
+        """The tensor whose dtype this one may have (``dtype`` names it), or None."""
+        if isinstance(self.dtype, str):
+            return self.dtype
+        return next((d for d in self.dtype if isinstance(d, str)), None)
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """The dtypes ``dtype`` lists (besides the named tensor's)."""
+        return (
+            ()
+            if isinstance(self.dtype, str)
+            else tuple(d for d in self.dtype if not isinstance(d, str))
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,16 +210,10 @@ class Op:
         if not tensors or next(iter(args)) != tensors[0]:
             raise ValueError(f"op {name!r}: the first argument must be a tensor")
         for n, a in args.items():
-            refs = _dtype_refs(a) if isinstance(a, Tensor) else ()
-            for ref in refs:
-                if ref not in tensors or tensors.index(ref) >= tensors.index(n):
-                    raise ValueError(
-                        f"op {name!r}: {n}'s dtype refers to {ref!r}, not an earlier tensor"
-                    )
-            if len(refs) > 1 or any(_is_mixed(args[ref]) for ref in refs):
+            ref = a.same_as if isinstance(a, Tensor) else None
+            if ref is not None and (ref not in tensors or tensors.index(ref) >= tensors.index(n)):
                 raise ValueError(
-                    f"op {name!r}: {n}'s dtype may name one earlier tensor, whose own dtype is "
-                    "not a name mixed with dtypes"
+                    f"op {name!r}: {n}'s dtype refers to {ref!r}, not an earlier tensor"
                 )
         self.family, self.name = family, name
         self.args = dict(args)
@@ -366,8 +379,8 @@ class Op:
         self._cuda_fns[key] = fn
         return fn
 
-    def _dtype_root(self, name: str) -> str:
-        """The tensor whose C++ dtype symbol ``name``'s dtype is (a name refers on to its tensor)."""
+    def _dtype_symbol(self, name: str) -> str:
+        """The tensor whose C++ dtype symbol ``name``'s dtype is (a plain name refers on)."""
         while isinstance(self.args[name].dtype, str):
             name = self.args[name].dtype
         return name
@@ -404,16 +417,16 @@ class Op:
                 m += ".with_strides({" + "kAnySize, " * (len(spec.shape) - 1) + "1})"
             elif spec.layout == "contiguous":
                 m += ".contiguous()"
-            if isinstance(spec.dtype, str):
-                m += f".with_dtype(dtype_{self._dtype_root(spec.dtype)})"
-            elif _is_mixed(spec):
-                types = ", ".join(_cpp_literal(d) for d in spec.dtype if not isinstance(d, str))
-                like = self._dtype_root(_dtype_refs(spec)[0])
-                m += f".with_dtype_or<{types}>(dtype_{like})"
-            else:
+            types = ", ".join(_cpp_literal(d) for d in spec.dtypes)
+            if spec.same_as is None:
                 lines.append(f"  SymbolicDType dtype_{name};")
-                types = ", ".join(_cpp_literal(d) for d in spec.dtype)
                 m += f".with_dtype<{types}>(dtype_{name})"
+            elif spec.dtypes:  # the named tensor's dtype or one listed: this tensor's own symbol
+                lines.append(f"  SymbolicDType dtype_{name};")
+                like = self._dtype_symbol(spec.same_as)
+                m += f".with_dtype_or<{types}>(dtype_{like}, dtype_{name})"
+            else:
+                m += f".with_dtype(dtype_{self._dtype_symbol(spec.same_as)})"
             m += ".with_device(kDLCUDA, device)" if first else ".with_device(device)"
             if spec.written:
                 m += ".writable()"
@@ -488,25 +501,6 @@ def _specialize(op: Op) -> type:
     return type(f"Op_{op.name}", (Op,), {"__call__": call, "__doc__": Op.__doc__})
 
 
-def _dtype_refs(spec: Tensor) -> tuple[str, ...]:
-    """The earlier tensors ``spec``'s dtype names."""
-    if isinstance(spec.dtype, str):
-        return (spec.dtype,)
-    return tuple(d for d in spec.dtype if isinstance(d, str))
-
-
-def _is_mixed(spec: Tensor | Scalar) -> bool:
-    """A dtype rule of a tensor's name and dtypes, e.g. ``("q", torch.float32)``."""
-    return isinstance(spec, Tensor) and not isinstance(spec.dtype, str) and bool(_dtype_refs(spec))
-
-
-def allowed_dtypes(spec: Tensor, dtypes: Mapping[str, torch.dtype]) -> tuple[torch.dtype, ...]:
-    """The dtypes ``spec`` allows, given the dtypes of the tensors before it (by name)."""
-    if isinstance(spec.dtype, str):
-        return (dtypes[spec.dtype],)
-    return tuple(dtypes[d] if isinstance(d, str) else d for d in spec.dtype)
-
-
 def _annotation(spec: Tensor | Scalar) -> Any:
     return torch.Tensor if isinstance(spec, Tensor) else spec.type
 
@@ -565,19 +559,13 @@ def _check_tensor(name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes:
         )
     if spec.layout == "contiguous" and not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
-    if isinstance(spec.dtype, str):
-        if t.dtype != dtypes[spec.dtype]:
+    if spec.same_as is not None:
+        want = dtypes[spec.same_as]
+        if t.dtype != want and t.dtype not in spec.dtypes:
+            alternatives = f" or one of {{{_dtype_names(spec.dtypes)}}}" if spec.dtypes else ""
             raise ValueError(
-                f"{name}: dtype expected {_dtype_names([dtypes[spec.dtype]])} (same as the tensors "
-                f"before it), got {_dtype_names([t.dtype])}"
-            )
-    elif _is_mixed(spec):
-        if t.dtype not in allowed_dtypes(spec, dtypes):
-            listed = [d for d in spec.dtype if not isinstance(d, str)]
-            raise ValueError(
-                f"{name}: dtype expected {_dtype_names([dtypes[_dtype_refs(spec)[0]]])} (same as "
-                f"the tensors before it) or one of {{{_dtype_names(listed)}}}, got "
-                f"{_dtype_names([t.dtype])}"
+                f"{name}: dtype expected {_dtype_names([want])} (same as the tensors before it)"
+                f"{alternatives}, got {_dtype_names([t.dtype])}"
             )
     elif t.dtype not in spec.dtype:
         raise ValueError(

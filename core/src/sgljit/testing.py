@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .backend import use_backend
-from .op import Case, Family, Op, Scalar, Tensor, allowed_dtypes
+from .op import Case, Family, Op, Scalar, Tensor
 
 __all__ = [
     "CHECKS",
@@ -192,8 +192,9 @@ _OTHER_DTYPES = (
 )
 
 
-def _wrong_dtype(spec: Tensor, dtypes: dict[str, torch.dtype]) -> torch.dtype:
-    allowed = allowed_dtypes(spec, dtypes)
+def _wrong_dtype(spec: Tensor, actual: torch.dtype, same_as: torch.dtype | None) -> torch.dtype:
+    """A dtype ``spec`` refuses; ``same_as``: the dtype of the tensor it names (if it names one)."""
+    allowed = (*spec.dtypes, actual, same_as) if spec.same_as is not None else spec.dtypes
     return next(d for d in _OTHER_DTYPES if d not in allowed)
 
 
@@ -207,7 +208,6 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
     base = op.cases[0].make(device)
     found: list[tuple[str, tuple, str]] = []
     bound: set[str] = set()
-    dtypes: dict[str, torch.dtype] = {}
 
     def replaced(i: int, value: Any) -> tuple:
         return (*base[:i], value, *base[i + 1 :])
@@ -231,8 +231,8 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
             continue
         found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))
         found.append((f"{name} with an extra dimension", replaced(i, t.unsqueeze(0)), name))
-        wrong = _wrong_dtype(spec, dtypes)
-        dtypes[name] = t.dtype
+        named = base[op.params.index(spec.same_as)].dtype if spec.same_as else None
+        wrong = _wrong_dtype(spec, t.dtype, named)
         found.append(
             (f"{name} of dtype {wrong}", replaced(i, _blank(t.shape, wrong, device)), name)
         )

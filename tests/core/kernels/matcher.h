@@ -68,6 +68,18 @@ struct MatchWritable3 {
   }
 };
 
+// w: x's dtype or float32 (with_dtype_or); w2: w's dtype.
+struct MatchSameOr {
+  static void run(tvm::ffi::TensorView x, tvm::ffi::TensorView w, tvm::ffi::TensorView w2) {
+    using namespace sgljit;
+    SymbolicDType dt, wt;
+    TensorMatcher({kAnySize}).with_dtype<double, int32_t>(dt).verify(x, "x");
+    TensorMatcher({kAnySize}).with_dtype_or<float>(dt, wt).verify(w, "w");
+    TensorMatcher({kAnySize}).with_dtype_or<float>(dt).verify(w, "w");  // the form that binds nothing
+    TensorMatcher({kAnySize}).with_dtype(wt).verify(w2, "w2");
+  }
+};
+
 // SGLJIT_CHECK evaluates its message only on failure: returns how many times the message was built.
 struct CheckLazily {
   static int64_t run(bool fail) {

@@ -2,11 +2,15 @@
 ``gemma_fused_add_rmsnorm``, ``qknorm``, ``qknorm_across_heads``, and RMSNorm -> fp8:
 ``rmsnorm_quant_fp8`` and ``fused_add_rmsnorm_quant_fp8`` (static or per-token dynamic scale).
 
-Dtypes float16, bfloat16, float32; math in float32, cast once. Rows may be strided views (the last
-dimension must be contiguous). CUDA kernels are specialized by dtype and row width: every width that
-is a multiple of 16 bytes (8 elements of 16-bit types, 4 of float32) up to 4096 vectors per row
-(bf16/fp16 32768, fp32 16384) takes the fast path (the row lives in registers); any other width, or
-a row that is not 16-byte aligned, takes a correct generic kernel.
+Dtypes float16, bfloat16, float32; math in float32, cast once. The weights have the input's dtype
+or float32. Rows may be strided views (the last dimension must be contiguous); ``[B, S, H]`` tensors
+whose leading dimensions do not collapse into one row stride (a slice of a bigger buffer) are taken
+as they are by the ``*_3d`` ops. ``rmsnorm`` and ``fused_add_rmsnorm`` have Hugging Face's rounding
+as an option (``round_before_weight``); HF's Gemma norms round as the Gemma ops always do. CUDA
+kernels are specialized by dtype, weight dtype and row width: every width that is a multiple of 16
+bytes (8 elements of 16-bit types, 4 of float32) up to 4096 vectors per row (bf16/fp16 32768, fp32
+16384) takes the fast path (the row lives in registers); any other width, or a row that is not
+16-byte aligned, takes a correct generic kernel.
 
 RMSNorm -> fp8 quantizes the float32 normalized value (not rounded to the input dtype first, as
 FlashInfer's ``rmsnorm_quant``) with a correctly rounded division by the scale, clamped to the
@@ -70,76 +74,132 @@ def compiled_width(dtype: torch.dtype, hidden: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# Specializations: CUDA by dtype and width; SYCL by dtype, width and access width (one module
-# serves every op at a width).
+# Specializations: CUDA by dtype, weight dtype, width (and the row ops' rounding); SYCL by dtype,
+# weight dtype, width, rounding and access width (one module serves every op at a width).
 
 
-def _rows_key(x, *_):
-    return x.dtype, x.shape[-1]
+def _rows_key(x, w, *_):
+    """rmsnorm-like ops without the rounding option (the Gemma ones): (input, weight, ...)."""
+    return x.dtype, x.shape[-1], w.dtype, False
 
 
-def _rows_params(dtype: torch.dtype, hidden: int) -> dict:
-    return {"dtype": dtype, "width": compiled_width(dtype, hidden)}
+def _rows_round_key(x, w, out, eps, round_before_weight):
+    return x.dtype, x.shape[-1], w.dtype, round_before_weight
 
 
-def _across_key(q, k, *_):
-    return q.dtype, q.shape[-1], k.shape[-1]
+def _fused_key(x, r, w, *_):
+    return x.dtype, x.shape[-1], w.dtype, False
 
 
-def _across_params(dtype: torch.dtype, q_width: int, k_width: int) -> dict:
-    """Both widths on the fast path, or both generic (0)."""
+def _fused_round_key(x, r, w, eps, round_before_weight):
+    return x.dtype, x.shape[-1], w.dtype, round_before_weight
+
+
+def _rows_params(dtype: torch.dtype, hidden: int, weight: torch.dtype, round: bool) -> dict:
+    return {
+        "dtype": dtype,
+        "weight": weight,
+        "width": compiled_width(dtype, hidden),
+        "round": round,
+    }
+
+
+def _qk_key(q, k, q_weight, *_):
+    return q.dtype, q.shape[-1], q_weight.dtype
+
+
+def _qk_params(dtype: torch.dtype, head_dim: int, weight: torch.dtype) -> dict:
+    return {"dtype": dtype, "weight": weight, "width": compiled_width(dtype, head_dim)}
+
+
+def _across_key(q, k, q_weight, *_):
+    return q.dtype, q.shape[-1], k.shape[-1], q_weight.dtype
+
+
+def _across_params(
+    dtype: torch.dtype, q_width: int, k_width: int, weight: torch.dtype | None = None
+) -> dict:
+    """Both widths on the fast path, or both generic (0). ``weight``: the input's dtype if None."""
     wq, wk = compiled_width(dtype, q_width), compiled_width(dtype, k_width)
-    return {"dtype": dtype, "width": wq if wq and wk else 0, "width2": wk if wq and wk else 0}
+    fast = bool(wq and wk)
+    return {
+        "dtype": dtype,
+        "weight": weight or dtype,
+        "width": wq if fast else 0,
+        "width2": wk if fast else 0,
+    }
 
 
-def _sycl_key(dtype: torch.dtype, hidden: int, vec: int) -> dict:
-    """Work-items per row: a power of two in [16, 256] (sub-groups of 16)."""
+def _sycl_key(
+    dtype: torch.dtype,
+    hidden: int,
+    vec: int,
+    weight: torch.dtype | None = None,
+    round: bool = False,
+) -> dict:
+    """Work-items per row: a power of two in [16, 256] (sub-groups of 16). ``weight``: the input's
+    dtype if None."""
     work_group = min(256, max(16, 1 << (hidden // vec - 1).bit_length()))
-    return {"SGLJIT_T": dtype, "NORM_HIDDEN": hidden, "NORM_VEC": vec, "NORM_WG": work_group}
+    return {
+        "SGLJIT_T": dtype,
+        "NORM_W": weight or dtype,
+        "NORM_ROUND": round,
+        "NORM_HIDDEN": hidden,
+        "NORM_VEC": vec,
+        "NORM_WG": work_group,
+    }
 
 
 def _sycl_vec(hidden: int, *tensors: torch.Tensor) -> int:
-    """16 bytes when the width, every pointer and every row stride allow it, else 1 element."""
+    """16 bytes of the rows' dtype when the width, every pointer (aligned to that many elements of
+    its own dtype) and every row stride allow it, else 1 element."""
     vec = 16 // tensors[0].element_size()
     if hidden % vec:
         return 1
     for t in tensors:
-        if t.data_ptr() % 16:
+        if t.data_ptr() % (vec * t.element_size()):
             return 1
         if any(st % vec for st, sz in zip(t.stride()[:-1], t.shape[:-1], strict=True) if sz > 1):
             return 1
     return vec
 
 
-def _sycl_rows_key(x, y, z, *_):
-    """(input, weight, out) or (input, residual, weight): every tensor decides the access width."""
-    return _sycl_key(x.dtype, x.shape[-1], _sycl_vec(x.shape[-1], x, y, z))
+def _sycl_rows_key(x, y, z, *rest):
+    """(input, weight, out, eps[, round]) or (input, residual, weight, eps[, round]): every tensor
+    decides the access width."""
+    weight = y if y.dim() == 1 else z
+    round = bool(rest[1]) if len(rest) > 1 else False
+    return _sycl_key(x.dtype, x.shape[-1], _sycl_vec(x.shape[-1], x, y, z), weight.dtype, round)
 
 
 def _sycl_heads_key(q, k, q_weight, *_):
-    return _sycl_key(q.dtype, q.shape[-1], _sycl_vec(q.shape[-1], q, q_weight))
+    return _sycl_key(q.dtype, q.shape[-1], _sycl_vec(q.shape[-1], q, q_weight), q_weight.dtype)
 
 
-def _launch_rmsnorm(module, key, input, weight, out, eps: float, w_offset: float) -> None:
-    fn = module.get_function("rmsnorm", ("ptr", "ptr", "ptr", "i64", "i64", "f32", "f32"))
+def _sycl_rows(*tensors: torch.Tensor) -> tuple[int, int, list[int]]:
+    """(rows, inner, [s0, s1 of each tensor]): row r at (r // inner) * s0 + (r % inner) * s1."""
+    first = tensors[0]
+    if first.dim() == 2:
+        return first.shape[0], 1, [s for t in tensors for s in (t.stride(0), 0)]
+    rows, inner = first.shape[0] * first.shape[1], first.shape[1]
+    return rows, inner, [s for t in tensors for s in (t.stride(0), t.stride(1))]
+
+
+_SYCL_ROWS_ARGS = ("ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "i64", "f32", "f32")
+
+
+def _launch_rmsnorm(module, key, input, weight, out, eps: float, *_, w_offset: float) -> None:
+    rows, inner, strides = _sycl_rows(input, out)
     wg = key["NORM_WG"]
-    fn(input.shape[0] * wg, wg, input, weight, out, input.stride(0), out.stride(0), w_offset, eps)
+    fn = module.get_function("rmsnorm", _SYCL_ROWS_ARGS)
+    fn(rows * wg, wg, input, weight, out, inner, *strides, w_offset, eps)
 
 
-def _launch_fused(module, key, input, residual, weight, eps: float, w_offset: float) -> None:
-    fn = module.get_function("fused_add_rmsnorm", ("ptr", "ptr", "ptr", "i64", "i64", "f32", "f32"))
+def _launch_fused(module, key, input, residual, weight, eps: float, *_, w_offset: float) -> None:
+    rows, inner, strides = _sycl_rows(input, residual)
     wg = key["NORM_WG"]
-    fn(
-        input.shape[0] * wg,
-        wg,
-        input,
-        residual,
-        weight,
-        input.stride(0),
-        residual.stride(0),
-        w_offset,
-        eps,
-    )
+    fn = module.get_function("fused_add_rmsnorm", _SYCL_ROWS_ARGS)
+    fn(rows * wg, wg, input, residual, weight, inner, *strides, w_offset, eps)
 
 
 def _launch_heads(module, key, x, weight, eps: float) -> None:
@@ -160,35 +220,63 @@ def _launch_qk(module, key, q, k, q_weight, k_weight, eps: float) -> None:
 # Check cases (float64 reference; tolerances per dtype)
 
 _TOLERANCES = ((torch.bfloat16, 2e-2), (torch.float16, 1e-2), (torch.float32, 1e-5))
+_TOL = dict(_TOLERANCES)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _row_cases(fused: bool) -> list[Case]:
-    def make(device, tokens, hidden, dtype):
-        def rand(*shape):
-            return torch.randn(*shape, device=device, dtype=dtype)
+def _row_cases(fused: bool, rounding: bool, batched: bool) -> list[Case]:
+    """Every dtype at three widths (fast path, one-vector-per-lane, generic), then a float32 weight
+    of 16-bit rows and (ops that have it) Hugging Face's rounding. ``batched``: [B, S, H] slices of
+    bigger buffers, whose leading dimensions do not collapse into one row stride."""
 
+    def make(device, shape, dtype, weight_dtype, round_before_weight):
+        def rand(*size):
+            return torch.randn(*size, device=device, dtype=dtype)
+
+        def rows():
+            if not batched:
+                return rand(*shape)
+            b, s, h = shape
+            return rand(b, s + 2, h)[:, 1 : s + 1]  # rows 1..s of each batch: strides (s+2)h, h
+
+        weight = torch.randn(shape[-1], device=device, dtype=weight_dtype)
+        flag = (round_before_weight,) if rounding else ()
         if fused:
-            return rand(tokens, hidden), rand(tokens, hidden), rand(hidden), 1e-6
-        return (
-            rand(tokens, hidden),
-            rand(hidden),
-            torch.empty(tokens, hidden, device=device, dtype=dtype),
-            1e-6,
-        )
+            return rows(), rows(), weight, 1e-6, *flag
+        out = torch.empty(*shape, device=device, dtype=dtype)
+        if batched:
+            out = torch.empty(shape[0], shape[1] + 3, shape[2], device=device, dtype=dtype)[:, 2:-1]
+        return rows(), weight, out, 1e-6, *flag
 
-    return [
-        Case(f"{t}x{h} {_dtype_name(dt)}", lambda dev, t=t, h=h, dt=dt: make(dev, t, h, dt), tol)
-        for dt, tol in _TOLERANCES
-        for t, h in ((7, 4096), (1, 1024), (3, 1000))
+    shapes = (
+        ((2, 3, 4096), (1, 5, 1024), (3, 2, 1000)) if batched else ((7, 4096), (1, 1024), (3, 1000))
+    )
+    variants = [(dt, dt, False, shape, tol) for dt, tol in _TOLERANCES for shape in shapes]
+    variants += [
+        (dt, torch.float32, False, shapes[i], _TOL[dt])
+        for dt, i in ((torch.bfloat16, 0), (torch.float16, 2))
     ]
+    if rounding:
+        variants += [
+            (dt, dt, True, shapes[i], _TOL[dt])
+            for dt, i in ((torch.bfloat16, 0), (torch.float16, 2))
+        ]
+    cases = []
+    for dt, wdt, rnd, shape, tol in variants:
+        name = f"{'x'.join(map(str, shape))} {_dtype_name(dt)}"
+        name += f" weight {_dtype_name(wdt)}" if wdt != dt else ""
+        name += " round_before_weight" if rnd else ""
+        cases.append(
+            Case(name, lambda dev, a=shape, b=dt, c=wdt, d=rnd: make(dev, a, b, c, d), tol)
+        )
+    return cases
 
 
 def _qk_cases(across: bool) -> list[Case]:
-    def make(device, dtype):
+    def make(device, dtype, weight_dtype):
         qkv = torch.randn(5, (8 + 2 * 2) * 128, device=device, dtype=dtype)  # views into one buffer
         q, k = qkv[:, : 8 * 128], qkv[:, 8 * 128 : 10 * 128]
         if not across:
@@ -196,35 +284,57 @@ def _qk_cases(across: bool) -> list[Case]:
         return (
             q,
             k,
-            torch.randn(q.shape[-1], device=device, dtype=dtype),
-            torch.randn(k.shape[-1], device=device, dtype=dtype),
+            torch.randn(q.shape[-1], device=device, dtype=weight_dtype),
+            torch.randn(k.shape[-1], device=device, dtype=weight_dtype),
             1e-6,
         )
 
     shape = "5x(8+2)*128" if across else "5x(8+2)x128"
+    variants = [(dt, dt, tol) for dt, tol in _TOLERANCES]
+    variants.append((torch.bfloat16, torch.float32, _TOL[torch.bfloat16]))
     return [
-        Case(f"{shape} {_dtype_name(dt)}", lambda dev, dt=dt: make(dev, dt), tol)
-        for dt, tol in _TOLERANCES
+        Case(
+            f"{shape} {_dtype_name(dt)}" + (f" weight {_dtype_name(wdt)}" if wdt != dt else ""),
+            lambda dev, dt=dt, wdt=wdt: make(dev, dt, wdt),
+            tol,
+        )
+        for dt, wdt, tol in variants
     ]
 
 
 # ------------------------------------------------------------------------------------------------
 # The ops (destination passing)
 
-_ROWS = {
-    "input": Tensor("num_tokens", "hidden"),
-    "weight": Tensor("hidden", dtype="input", layout="contiguous"),
-    "out": Tensor("num_tokens", "hidden", dtype="input", io="out"),
-    "eps": Scalar(float, min=0.0),
-}
-_FUSED = {
-    "input": Tensor("num_tokens", "hidden", io="inout"),
-    "residual": Tensor("num_tokens", "hidden", dtype="input", io="inout"),
-    "weight": Tensor("hidden", dtype="input", layout="contiguous"),
-    "eps": Scalar(float, min=0.0),
-}
+_WEIGHT_DTYPES = ("input", torch.float32)  # the input's dtype or float32
+
+
+def _row_args(fused: bool, rounding: bool, batched: bool) -> dict:
+    rows = ("batch", "num_tokens", "hidden") if batched else ("num_tokens", "hidden")
+    if fused:
+        args = {
+            "input": Tensor(*rows, io="inout"),
+            "residual": Tensor(*rows, dtype="input", io="inout"),
+            "weight": Tensor("hidden", dtype=_WEIGHT_DTYPES, layout="contiguous"),
+            "eps": Scalar(float, min=0.0),
+        }
+    else:
+        args = {
+            "input": Tensor(*rows),
+            "weight": Tensor("hidden", dtype=_WEIGHT_DTYPES, layout="contiguous"),
+            "out": Tensor(*rows, dtype="input", io="out"),
+            "eps": Scalar(float, min=0.0),
+        }
+    if rounding:
+        args["round_before_weight"] = Scalar(bool)
+    return args
+
+
 _ROWS_PREBUILD = {
-    "cuda": [{"dtype": dt, "width": h} for dt in _FLEET_DTYPES for h in _FLEET_HIDDENS],
+    "cuda": [
+        {"dtype": dt, "weight": dt, "width": h, "round": False}
+        for dt in _FLEET_DTYPES
+        for h in _FLEET_HIDDENS
+    ],
     "sycl": [
         _sycl_key(dt, h, 16 // dt.itemsize)
         for dt in _FLEET_DTYPES
@@ -235,30 +345,38 @@ _ROWS_PREBUILD = {
 }
 
 
-def _row_op(name: str, gemma: bool, fused: bool):
+def _row_op(name: str, gemma: bool, fused: bool, batched: bool = False):
+    """One of the row ops; ``batched``: its ``_3d`` form over [B, S, H]. The Gemma ops have no
+    rounding option: Hugging Face's Gemma norms round once, at the end, as they do."""
     cpp = "FusedAddRMSNorm" if fused else "RMSNorm"
     ref = reference.fused_add_rmsnorm_ if fused else reference.rmsnorm_into
+    rounding = not gemma
+    if rounding:
+        key = _fused_round_key if fused else _rows_round_key
+    else:
+        key = _fused_key if fused else _rows_key
+    launch = _launch_fused if fused else _launch_rmsnorm
     return family.op(
-        name,
-        args=_FUSED if fused else _ROWS,
-        reference=lambda *args: ref(*args, gemma=gemma),
+        name + ("_3d" if batched else ""),
+        args=_row_args(fused, rounding, batched),
+        reference=(lambda *args: ref(*args, gemma=True)) if gemma else ref,
         doc=ref.__doc__,
         cuda=Cuda(
             "csrc/norm.cuh",
-            f"sgljit_norm::{cpp}<{{dtype}}, {{width}}, {str(gemma).lower()}>::run",
-            key=_rows_key,
+            f"sgljit_norm::{cpp}<{{dtype}}, {{weight}}, {{width}}, {str(gemma).lower()}, {{round}}>::run",
+            key=key,
             params=_rows_params,
             module="rows",
         ),
         sycl=Sycl(
             "sycl/norm.hpp",
             key=_sycl_rows_key,
-            launch=lambda *args: (_launch_fused if fused else _launch_rmsnorm)(*args, float(gemma)),
+            launch=lambda *args: launch(*args, w_offset=float(gemma)),
             module="norm",
         ),
-        # One entry per width builds the module the four row ops share.
-        prebuild=_ROWS_PREBUILD if name == "rmsnorm" else None,
-        cases=_row_cases(fused),
+        # One entry per width builds the module the row ops share.
+        prebuild=_ROWS_PREBUILD if name == "rmsnorm" and not batched else None,
+        cases=_row_cases(fused, rounding, batched),
     )
 
 
@@ -266,26 +384,36 @@ _rmsnorm = _row_op("rmsnorm", gemma=False, fused=False)
 _gemma_rmsnorm = _row_op("gemma_rmsnorm", gemma=True, fused=False)
 _fused_add_rmsnorm = _row_op("fused_add_rmsnorm", gemma=False, fused=True)
 _gemma_fused_add_rmsnorm = _row_op("gemma_fused_add_rmsnorm", gemma=True, fused=True)
+_rmsnorm_3d = _row_op("rmsnorm", gemma=False, fused=False, batched=True)
+_gemma_rmsnorm_3d = _row_op("gemma_rmsnorm", gemma=True, fused=False, batched=True)
+_fused_add_rmsnorm_3d = _row_op("fused_add_rmsnorm", gemma=False, fused=True, batched=True)
+_gemma_fused_add_rmsnorm_3d = _row_op(
+    "gemma_fused_add_rmsnorm", gemma=True, fused=True, batched=True
+)
 
 _qknorm = family.op(
     "qknorm",
     args={
         "q": Tensor("num_tokens", "q_heads", "head_dim", io="inout"),
         "k": Tensor("num_tokens", "k_heads", "head_dim", dtype="q", io="inout"),
-        "q_weight": Tensor("head_dim", dtype="q", layout="contiguous"),
-        "k_weight": Tensor("head_dim", dtype="q", layout="contiguous"),
+        "q_weight": Tensor("head_dim", dtype=("q", torch.float32), layout="contiguous"),
+        "k_weight": Tensor("head_dim", dtype="q_weight", layout="contiguous"),
         "eps": Scalar(float, min=0.0),
     },
     reference=reference.qknorm_,
     cuda=Cuda(
         "csrc/norm.cuh",
-        "sgljit_norm::QKNorm<{dtype}, {width}>::run",
-        key=_rows_key,
-        params=_rows_params,
+        "sgljit_norm::QKNorm<{dtype}, {weight}, {width}>::run",
+        key=_qk_key,
+        params=_qk_params,
     ),
     sycl=Sycl("sycl/norm.hpp", key=_sycl_heads_key, launch=_launch_qk, module="norm"),
     prebuild={
-        "cuda": [{"dtype": dt, "width": d} for dt in _FLEET_DTYPES for d in _FLEET_HEAD_DIMS]
+        "cuda": [
+            {"dtype": dt, "weight": dt, "width": d}
+            for dt in _FLEET_DTYPES
+            for d in _FLEET_HEAD_DIMS
+        ]
     },
     cases=_qk_cases(across=False),
 )
@@ -295,24 +423,20 @@ _qknorm_across_heads = family.op(
     args={
         "q": Tensor("num_tokens", "q_width", io="inout"),
         "k": Tensor("num_tokens", "k_width", dtype="q", io="inout"),
-        "q_weight": Tensor("q_width", dtype="q", layout="contiguous"),
-        "k_weight": Tensor("k_width", dtype="q", layout="contiguous"),
+        "q_weight": Tensor("q_width", dtype=("q", torch.float32), layout="contiguous"),
+        "k_weight": Tensor("k_width", dtype="q_weight", layout="contiguous"),
         "eps": Scalar(float, min=0.0),
     },
     reference=reference.qknorm_across_heads_,
     cuda=Cuda(
         "csrc/norm.cuh",
-        "sgljit_norm::QKNormAcrossHeads<{dtype}, {width}, {width2}>::run",
+        "sgljit_norm::QKNormAcrossHeads<{dtype}, {weight}, {width}, {width2}>::run",
         key=_across_key,
         params=_across_params,
     ),
     sycl=Sycl("sycl/norm.hpp", key=_sycl_heads_key, launch=_launch_qk, module="norm"),
     prebuild={
-        "cuda": [
-            {"dtype": dt, "width": wq, "width2": wk}
-            for dt in _FLEET_DTYPES
-            for wq, wk in _FLEET_ACROSS
-        ]
+        "cuda": [_across_params(dt, wq, wk) for dt in _FLEET_DTYPES for wq, wk in _FLEET_ACROSS]
     },
     cases=_qk_cases(across=True),
 )
@@ -519,37 +643,118 @@ _fused_quant_per_token = _quant_op(
 # Public functions
 
 
+def _apart(t) -> bool:
+    """A [B, S, H] tensor whose leading dimensions do not collapse into one row stride."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() == 3
+        and t.shape[0] > 1
+        and t.shape[1] > 1
+        and t.stride(0) != t.stride(1) * t.shape[1]
+    )
+
+
+def _as_3d(t, shape: torch.Size, name: str, written: bool) -> torch.Tensor:
+    """``t`` as ``shape`` ([B, S, H]) for a ``*_3d`` op: itself when 3-D or of another size (the
+    op's checks name it), else a view (written: an error naming it when no view exists) or a
+    reshape."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 3 or t.shape[-1:] != shape[-1:]:
+        return t
+    if t.numel() != shape.numel():
+        return t
+    if not written:
+        return t.reshape(shape)
+    try:
+        return t.view(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: written in place, so it must be a view of shape {list(shape)}; got shape "
+            f"{list(t.shape)} with strides {list(t.stride())}"
+        ) from None
+
+
+def _shaped(input, other, other_name: str, input_written: bool) -> tuple[bool, object, object]:
+    """For tensors that are not both 2-D: ``(True, input, other)`` as [B, S, H] for the ``*_3d``
+    ops when one of them is 3-D with leading dimensions that do not collapse into one row stride,
+    else ``(False, input, other)`` as [rows, H] (:func:`sgljit.op.as_rows`). ``other`` is
+    written, ``input`` when ``input_written``."""
+    if _apart(input) or _apart(other):
+        shape = (input if _apart(input) else other).shape
+        return (
+            True,
+            _as_3d(input, shape, "input", input_written),
+            _as_3d(other, shape, other_name, True),
+        )
+    return False, as_rows(input, "input", input_written), as_rows(other, other_name, True)
+
+
+def _both_2d(a, b) -> bool:
+    try:
+        return a.dim() == 2 and b.dim() == 2
+    except AttributeError:  # not tensors: the op's checks name them
+        return True
+
+
 def rmsnorm(
-    input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    out: torch.Tensor | None = None,
+    round_before_weight: bool = False,
 ) -> torch.Tensor:
     """``out = input * rsqrt(mean(input^2, -1) + eps) * weight`` over the last dimension.
 
-    input ``[..., H]`` (rows may be strided; last dimension contiguous), weight ``[H]``, same
-    dtype (float16, bfloat16, float32). Returns ``out`` (allocated if not given).
+    input ``[..., H]`` (rows may be strided; last dimension contiguous; a ``[B, S, H]`` out or input
+    may be a slice of a bigger buffer), weight ``[H]`` of input's dtype or float32; dtypes float16,
+    bfloat16, float32. ``round_before_weight``: round ``input * rsqrt(...)`` to the dtype before
+    the weight multiply, as Hugging Face's LlamaRMSNorm does. Returns ``out`` (allocated if not
+    given); ``out`` may be ``input`` (in place).
     """
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    _rmsnorm(as_rows(input, "input"), weight, as_rows(out, "out", True), eps)
+    if _both_2d(input, out):
+        _rmsnorm(input, weight, out, eps, round_before_weight)
+        return out
+    batched, x, y = _shaped(input, out, "out", False)
+    (_rmsnorm_3d if batched else _rmsnorm)(x, weight, y, eps, round_before_weight)
     return out
 
 
 def gemma_rmsnorm(
     input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """:func:`rmsnorm` with weight ``(1 + weight)`` (Gemma)."""
+    """:func:`rmsnorm` with weight ``(1 + weight)``, rounded once at the end (Gemma, as Hugging
+    Face's Gemma norms)."""
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    _gemma_rmsnorm(as_rows(input, "input"), weight, as_rows(out, "out", True), eps)
+    if _both_2d(input, out):
+        _gemma_rmsnorm(input, weight, out, eps)
+        return out
+    batched, x, y = _shaped(input, out, "out", False)
+    (_gemma_rmsnorm_3d if batched else _gemma_rmsnorm)(x, weight, y, eps)
     return out
 
 
 def fused_add_rmsnorm(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    round_before_weight: bool = False,
 ) -> None:
     """In place: ``residual <- input + residual`` (rounded to the dtype), then
-    ``input <- rmsnorm(residual, weight, eps)``. input, residual ``[..., H]``, weight ``[H]``."""
-    _fused_add_rmsnorm(
-        as_rows(input, "input", True), as_rows(residual, "residual", True), weight, eps
+    ``input <- rmsnorm(residual, weight, eps)``. input, residual ``[..., H]`` (``[B, S, H]`` slices
+    of bigger buffers too), weight ``[H]`` of input's dtype or float32. ``round_before_weight``:
+    as for :func:`rmsnorm`, of the float32 sum ``input + residual`` (sglang's
+    ``cast_x_before_out_mul``; the residual stores the sum rounded)."""
+    if _both_2d(input, residual):
+        _fused_add_rmsnorm(input, residual, weight, eps, round_before_weight)
+        return
+    batched, x, r = _shaped(input, residual, "residual", True)
+    (_fused_add_rmsnorm_3d if batched else _fused_add_rmsnorm)(
+        x, r, weight, eps, round_before_weight
     )
 
 
@@ -557,9 +762,11 @@ def gemma_fused_add_rmsnorm(
     input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> None:
     """:func:`fused_add_rmsnorm` with weight ``(1 + weight)`` (Gemma)."""
-    _gemma_fused_add_rmsnorm(
-        as_rows(input, "input", True), as_rows(residual, "residual", True), weight, eps
-    )
+    if _both_2d(input, residual):
+        _gemma_fused_add_rmsnorm(input, residual, weight, eps)
+        return
+    batched, x, r = _shaped(input, residual, "residual", True)
+    (_gemma_fused_add_rmsnorm_3d if batched else _gemma_fused_add_rmsnorm)(x, r, weight, eps)
 
 
 def qknorm(
@@ -570,7 +777,8 @@ def qknorm(
     eps: float = 1e-6,
 ) -> None:
     """In place, per head: q ``[T, Hq, D]``, k ``[T, Hk, D]`` (usually strided views into one
-    fused qkv buffer; last dimension contiguous), weights ``[D]``, D in {64, 128, 256, 512, 1024}."""
+    fused qkv buffer; last dimension contiguous), weights ``[D]`` of q's dtype or both float32,
+    D in {64, 128, 256, 512, 1024}."""
     if isinstance(q, torch.Tensor) and q.shape[-1] not in HEAD_DIMS:
         raise ValueError(
             f"q: head dim (last dimension) {q.shape[-1]} is not supported; expected one of "
@@ -587,7 +795,7 @@ def qknorm_across_heads(
     eps: float = 1e-6,
 ) -> None:
     """In place, over whole rows: q ``[T, Hq*D]``, k ``[T, Hk*D]`` (rows may be strided),
-    q_weight ``[Hq*D]``, k_weight ``[Hk*D]``."""
+    q_weight ``[Hq*D]``, k_weight ``[Hk*D]`` (q's dtype or both float32)."""
     _qknorm_across_heads(q, k, q_weight, k_weight, eps)
 
 

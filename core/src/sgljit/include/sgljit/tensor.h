@@ -6,6 +6,7 @@
 //   TensorMatcher({T, H}).with_strides({S, 1}).with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "input");
 //   TensorMatcher({H}).with_dtype(dt).with_device(dev).verify(w, "weight");  // must agree with input
 //   TensorMatcher({T, H}).with_dtype(dt).with_device(dev).writable().verify(y, "out");  // written: no overlap
+//   TensorMatcher({H}).with_dtype_or<fp32_t>(dt).with_device(dev).verify(w2, "weight2");  // dt or float32
 //
 // Inside a kernel template, prefer these non-template forms: a member template called on a dependent
 // expression would need `.template`. `with_dtype<A, B>()` restricts without binding a symbol.
@@ -286,11 +287,19 @@ class TensorMatcher {
     allowed_ = dtype.allowed();
     return std::move(*this);
   }
-  // The dtype an earlier tensor bound `like` to, or one of Ts (e.g. a table in the input's dtype or
-  // float32: `.with_dtype_or<float>(dt)`).
+  // The dtype an earlier tensor bound `like` to, or one of Ts (e.g. a weight in the input's dtype or
+  // float32: `.with_dtype_or<float>(dt)`); the second form also binds `dtype` to the one found (or
+  // requires the bound one), for later tensors to name.
   template <typename... Ts>
   TensorMatcher&& with_dtype_or(const SymbolicDType& like) && {
     like_ = &like;
+    allowed_ = detail::dtypes_of<Ts...>();
+    return std::move(*this);
+  }
+  template <typename... Ts>
+  TensorMatcher&& with_dtype_or(const SymbolicDType& like, SymbolicDType& dtype) && {
+    like_ = &like;
+    dtype_ = &dtype;
     allowed_ = detail::dtypes_of<Ts...>();
     return std::move(*this);
   }
@@ -393,9 +402,7 @@ class TensorMatcher {
       for (const DLDataType& a : allowed_) ok = ok || same_dtype(a, actual);
       SGLJIT_CHECK(ok, name, ": dtype expected ", dtype_name(want), " (same as the tensors before it) or one of {",
                    dtype_list(allowed_), "}, got ", dtype_name(actual));
-      return;
-    }
-    if (!allowed_.empty()) {
+    } else if (!allowed_.empty()) {
       bool ok = false;
       for (const DLDataType& a : allowed_) ok = ok || same_dtype(a, actual);
       SGLJIT_CHECK(ok, name, ": dtype expected one of {", dtype_list(allowed_), "}, got ", dtype_name(actual));
@@ -434,7 +441,7 @@ class TensorMatcher {
   bool writable_ = false;
   DTypeSpan allowed_;
   SymbolicDType* dtype_ = nullptr;
-  const SymbolicDType* like_ = nullptr;
+  const SymbolicDType* like_ = nullptr;  // with_dtype_or: allowed_ are the alternatives to its dtype
   SymbolicDevice* device_ = nullptr;
   std::optional<DLDeviceType> device_type_;
 };

@@ -1,7 +1,12 @@
 // RMSNorm family: rmsnorm, fused_add_rmsnorm, their Gemma forms (weight 1 + w), qknorm (per head) and
 // qknorm_across_heads (per row of q and of k), in one kernel template.
 //
-//   y = x * rsqrt(mean(x^2) + eps) * w       computed in fp32, cast once to the element type
+//   y = x * rsqrt(mean(x^2) + eps) * w       computed in fp32, cast once to the element type T
+//
+// The weight has T or float32 (W). kRound (Hugging Face's LlamaRMSNorm): x * rsqrt(...) is rounded to T
+// before the weight multiply; the fused add then normalizes the float32 sum input + residual, not its
+// rounding (sglang's cast_x_before_out_mul). Rows are [T, H], or [B, S, H] with any outer strides (see
+// row_set).
 //
 // Fast path (the row width H is a template argument, H a whole number of 16-byte vectors, at most
 // NormConfig::kMaxVecsPerRow of them; 16-byte aligned rows):
@@ -101,8 +106,9 @@ constexpr int group_threads(int n, int target) {
   return idle_slots(n, warps) < idle_slots(n, pow2) ? warps : pow2;
 }
 
-// How a row of kH elements of T is spread over threads holding about kTarget vectors each.
-template <typename T, int kH, int kTarget>
+// How a row of kH elements of T is spread over threads holding about kTarget vectors each (W: the
+// weight's element type).
+template <typename T, int kH, int kTarget, typename W = T>
 struct RowConfig {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
   static constexpr int kNumVec = kH / kVec;                        // vectors per row
@@ -114,10 +120,11 @@ struct RowConfig {
       : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(kNumVec))
                                     : group_threads(kNumVec, kTarget);
   static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
-  // Within the target a thread keeps the weight in registers (loaded with the row, so both are one
-  // memory round trip); wider rows (only where 1024 threads are not enough) read the weight from L1
-  // after the reduction, to stay within the register budget without spilling.
-  static constexpr bool kWeightInRegs = kVecsPerThread <= kTarget;
+  // Within the target's bytes a thread keeps the weight in registers (loaded with the row, so both are
+  // one memory round trip); wider rows (only where 1024 threads are not enough) and float32 weights of
+  // 16-bit rows beyond it read the weight from L1 after the reduction, to stay within the register
+  // budget without spilling.
+  static constexpr bool kWeightInRegs = kVecsPerThread * sizeof(W) <= kTarget * sizeof(T);
 };
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
@@ -134,13 +141,14 @@ inline constexpr int kBlockThreads =
 inline constexpr int kGenericThreads = 256;
 
 // A set of rows: row r is at outer index r / inner and inner index r % inner (inner = heads for
-// qknorm, 1 otherwise); strides in elements. In-place ops pass out == in.
-template <typename T>
+// qknorm or S of [B, S, H] rows that do not collapse, 1 otherwise); strides in elements. In-place ops
+// pass out == in.
+template <typename T, typename W>
 struct RowSet {
   const T* in;
   T* out;
   T* res;  // fused add: the residual (read, then overwritten with in + res); unused otherwise
-  const T* weight;
+  const W* weight;
   int64_t rows, inner;
   int64_t in_s0, in_s1, out_s0, out_s1, res_s0, res_s1;
 };
@@ -149,8 +157,8 @@ struct RowOffsets {
   int64_t in, out, res;
 };
 
-template <typename T>
-SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T>& s, int64_t row) {
+template <typename T, typename W>
+SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T, W>& s, int64_t row) {
   int64_t o = row, i = 0;
   if (s.inner != 1) {
     o = row / s.inner;
@@ -198,12 +206,20 @@ SGLJIT_DEVICE float group_sum(float v, float* red) {
   }
 }
 
+// One output element from its weight factor wf (Gemma: w + 1): x * inv_rms * wf in fp32, cast once;
+// kRound rounds x * inv_rms to T before the weight multiply.
+template <typename T, bool kRound>
+SGLJIT_DEVICE T norm_out(float x, float inv_rms, float wf) {
+  if constexpr (kRound) return from_float<T>(to_float(from_float<T>(x * inv_rms)) * wf);
+  return from_float<T>(x * inv_rms * wf);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Fast path
 // ------------------------------------------------------------------------------------------------
-template <typename T, int kH, int kTarget, int kBlock, bool kGemma, bool kFused>
-SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, float eps, float* red) {
-  using Cfg = RowConfig<T, kH, kTarget>;
+template <typename T, typename W, int kH, int kTarget, int kBlock, bool kGemma, bool kFused, bool kRound>
+SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step, float eps, float* red) {
+  using Cfg = RowConfig<T, kH, kTarget, W>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
   constexpr bool kWeightInRegs = Cfg::kWeightInRegs;
@@ -212,6 +228,8 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
   constexpr int kRedSlots = kBlock / 32;
   using V = AlignedVector<T, kVec>;
+  using WV = AlignedVector<W, kVec>;  // the weight of a vector of the row (32 bytes for float32 of 16-bit T)
+  constexpr bool kSum = kFused && kRound;  // the float32 sums are normalized: kept beside the row
 
   const int sub = threadIdx.x / kTPR, lane = threadIdx.x % kTPR;
   const int64_t groups = div_ceil<int64_t>(s.rows, kRowsPerBlock);
@@ -221,7 +239,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
   auto has = [lane](int j) { return kExact || j * kTPR + lane < kNumVec; };
   auto col = [lane](int j) { return (j * kTPR + lane) * kVec; };
 
-  V w[kWeightInRegs ? kVPT : 1];
+  WV w[kWeightInRegs ? kVPT : 1];
   if constexpr (kWeightInRegs) {
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
@@ -231,6 +249,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
 
   // Grid = row groups, so a block runs one iteration (more only past grid.x's 2^31 - 1 blocks).
   V x[kVPT], r[kVPT];
+  float sums[kSum ? kVPT : 1][kSum ? kVec : 1];
   int64_t g = first;
   int64_t row = g * kRowsPerBlock + sub;
   bool valid = row < s.rows;
@@ -258,12 +277,21 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
         if (has(j)) {
           if constexpr (kFused) {
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) x[j][e] = from_float<T>(to_float(x[j][e]) + to_float(r[j][e]));
+            for (int e = 0; e < kVec; ++e) {
+              const float sum = to_float(x[j][e]) + to_float(r[j][e]);
+              if constexpr (kSum) sums[j][e] = sum;
+              x[j][e] = from_float<T>(sum);
+            }
             store_stream<kFused>(x[j], s.res + off.res + col(j));
           }
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
-            const float f = to_float(x[j][e]);
+            float f;
+            if constexpr (kSum) {
+              f = sums[j][e];
+            } else {
+              f = to_float(x[j][e]);
+            }
             ss += f * f;
           }
         }
@@ -276,7 +304,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
 #pragma unroll
       for (int j = 0; j < kVPT; ++j) {
         if (has(j)) {
-          V wv;
+          WV wv;
           if constexpr (kWeightInRegs) {
             wv = w[j];
           } else {
@@ -287,7 +315,11 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
           for (int e = 0; e < kVec; ++e) {
             float wf = to_float(wv[e]);
             if constexpr (kGemma) wf += 1.0f;
-            y[e] = from_float<T>(to_float(x[j][e]) * inv_rms * wf);
+            if constexpr (kSum) {
+              y[e] = norm_out<T, kRound>(sums[j][e], inv_rms, wf);
+            } else {
+              y[e] = norm_out<T, kRound>(to_float(x[j][e]), inv_rms, wf);
+            }
           }
           store_stream<kFused>(y, s.out + off.out + col(j));
         }
@@ -301,8 +333,8 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T>& s, int64_t first, int64_t step, fl
 // Prefetches into L2 the row(s) that row group `g` of set s works on first, one bulk request per row
 // from the group's first thread (see sgljit::prefetch_l2_bulk; the fast path's rows are contiguous
 // and 16-byte aligned), and the set's weight from its first group.
-template <typename T, int kH, int kTarget, int kBlock, bool kFused>
-SGLJIT_DEVICE void prefetch_rows(const RowSet<T>& s, int64_t g) {
+template <typename T, typename W, int kH, int kTarget, int kBlock, bool kFused>
+SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
   using Cfg = RowConfig<T, kH, kTarget>;
   constexpr int kTPR = Cfg::kThreads;
   constexpr uint32_t kRowBytes = Cfg::kNumVec * 16;
@@ -311,28 +343,31 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T>& s, int64_t g) {
   const RowOffsets o = row_offsets(s, row);
   sgljit::prefetch_l2_bulk(s.in + o.in, kRowBytes);
   if constexpr (kFused) sgljit::prefetch_l2_bulk(s.res + o.res, kRowBytes);
-  if (g == 0 && threadIdx.x == 0) sgljit::prefetch_l2_bulk(s.weight, kRowBytes);
+  if (g == 0 && threadIdx.x == 0) sgljit::prefetch_l2_bulk(s.weight, kRowBytes / sizeof(T) * sizeof(W));
 }
 
 // kThreadsPerSM: the resident threads per SM the register budget is sized for.
-template <typename T, int kBlock, bool kGemma, bool kFused, int kHA, int kHB, int kTarget, int kThreadsPerSM>
+template <typename T, typename W, int kBlock, bool kGemma, bool kFused, bool kRound, int kHA, int kHB, int kTarget,
+          int kThreadsPerSM>
 __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
-    norm_kernel(const RowSet<T> a, const RowSet<T> b, const int grid_a, const float eps, const int prefetch_blocks) {
+    norm_kernel(const RowSet<T, W> a, const RowSet<T, W> b, const int grid_a, const float eps,
+                const int prefetch_blocks) {
   __shared__ float red[2 * (kBlock / 32)];
   if (static_cast<int>(blockIdx.x) < prefetch_blocks) {
     if (static_cast<int>(blockIdx.x) < grid_a) {
-      prefetch_rows<T, kHA, kTarget, kBlock, kFused>(a, blockIdx.x);
+      prefetch_rows<T, W, kHA, kTarget, kBlock, kFused>(a, blockIdx.x);
     } else if constexpr (kHB > 0) {
-      prefetch_rows<T, kHB, kTarget, kBlock, kFused>(b, blockIdx.x - grid_a);
+      prefetch_rows<T, W, kHB, kTarget, kBlock, kFused>(b, blockIdx.x - grid_a);
     }
   }
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows<T, kHA, kTarget, kBlock, kGemma, kFused>(a, blockIdx.x, grid_a, eps, red);
+    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound>(a, blockIdx.x, grid_a, eps, red);
   } else {
     if constexpr (kHB > 0) {
-      norm_rows<T, kHB, kTarget, kBlock, kGemma, kFused>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
+      norm_rows<T, W, kHB, kTarget, kBlock, kGemma, kFused, kRound>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps,
+                                                                   red);
     }
   }
 }
@@ -340,15 +375,20 @@ __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
 // ------------------------------------------------------------------------------------------------
 // Generic path: any width, any alignment
 // ------------------------------------------------------------------------------------------------
-template <typename T, bool kGemma, bool kFused>
-SGLJIT_DEVICE void norm_rows_generic(const RowSet<T>& s, int64_t h, int64_t first, int64_t step, float eps,
+template <typename T, typename W, bool kGemma, bool kFused, bool kRound>
+SGLJIT_DEVICE void norm_rows_generic(const RowSet<T, W>& s, int64_t h, int64_t first, int64_t step, float eps,
                                      float* red) {
+  // kFused && kRound normalize the float32 sums: the residual is written in the second pass, which adds
+  // again (each element is read and written by one thread).
+  constexpr bool kSum = kFused && kRound;
   for (int64_t row = first; row < s.rows; row += step) {
     const RowOffsets off = row_offsets(s, row);
     float ss = 0.0f;
     for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
       float v = to_float(s.in[off.in + c]);
-      if constexpr (kFused) {
+      if constexpr (kSum) {
+        v += to_float(s.res[off.res + c]);
+      } else if constexpr (kFused) {
         const T sum = from_float<T>(v + to_float(s.res[off.res + c]));
         s.res[off.res + c] = sum;
         v = to_float(sum);
@@ -357,27 +397,37 @@ SGLJIT_DEVICE void norm_rows_generic(const RowSet<T>& s, int64_t h, int64_t firs
     }
     ss = sgljit::block_reduce_sum(ss, red);
     const float inv_rms = rsqrtf(ss / static_cast<float>(h) + eps);
-    // The second pass reads what this same thread read (or, fused, wrote) in the first.
-    const T* src = kFused ? s.res + off.res : s.in + off.in;
-    for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
-      float wf = to_float(s.weight[c]);
-      if constexpr (kGemma) wf += 1.0f;
-      s.out[off.out + c] = from_float<T>(to_float(src[c]) * inv_rms * wf);
+    if constexpr (kSum) {
+      for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+        const float sum = to_float(s.in[off.in + c]) + to_float(s.res[off.res + c]);
+        s.res[off.res + c] = from_float<T>(sum);
+        float wf = to_float(s.weight[c]);
+        if constexpr (kGemma) wf += 1.0f;
+        s.out[off.out + c] = norm_out<T, kRound>(sum, inv_rms, wf);
+      }
+    } else {
+      // The second pass reads what this same thread read (or, fused, wrote) in the first.
+      const T* src = kFused ? s.res + off.res : s.in + off.in;
+      for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
+        float wf = to_float(s.weight[c]);
+        if constexpr (kGemma) wf += 1.0f;
+        s.out[off.out + c] = norm_out<T, kRound>(to_float(src[c]), inv_rms, wf);
+      }
     }
   }
 }
 
-template <typename T, bool kGemma, bool kFused>
+template <typename T, typename W, bool kGemma, bool kFused, bool kRound>
 __global__ void __launch_bounds__(kGenericThreads)
-    norm_generic_kernel(const RowSet<T> a, const int64_t ha, const RowSet<T> b, const int64_t hb,
+    norm_generic_kernel(const RowSet<T, W> a, const int64_t ha, const RowSet<T, W> b, const int64_t hb,
                         const int grid_a, const float eps) {
   __shared__ float red[32];
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows_generic<T, kGemma, kFused>(a, ha, blockIdx.x, grid_a, eps, red);
+    norm_rows_generic<T, W, kGemma, kFused, kRound>(a, ha, blockIdx.x, grid_a, eps, red);
   } else {
-    norm_rows_generic<T, kGemma, kFused>(b, hb, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
+    norm_rows_generic<T, W, kGemma, kFused, kRound>(b, hb, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
   }
 }
 
@@ -386,10 +436,11 @@ __global__ void __launch_bounds__(kGenericThreads)
 // ------------------------------------------------------------------------------------------------
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <typename T>
-bool fast_layout(const RowSet<T>& s, bool fused) {
+template <typename T, typename W>
+bool fast_layout(const RowSet<T, W>& s, bool fused) {
   constexpr int64_t kVec = 16 / sizeof(T);
-  bool ok = aligned16(s.in) && aligned16(s.out) && aligned16(s.weight);
+  // The weight is read kVec elements at a time: 32-byte aligned for a float32 weight of 16-bit rows.
+  bool ok = aligned16(s.in) && aligned16(s.out) && reinterpret_cast<uintptr_t>(s.weight) % (kVec * sizeof(W)) == 0;
   ok = ok && s.in_s0 % kVec == 0 && s.in_s1 % kVec == 0 && s.out_s0 % kVec == 0 && s.out_s1 % kVec == 0;
   if (fused) ok = ok && aligned16(s.res) && s.res_s0 % kVec == 0 && s.res_s1 % kVec == 0;
   return ok;
@@ -410,10 +461,12 @@ inline void split_grid(int64_t ga, int64_t gb, int64_t cap, int* grid_a, int* gr
 }
 
 // The fast kernel over sets a and b (row groups of kTarget vectors per thread).
-template <typename T, int kHA, int kHB, bool kGemma, bool kFused, int kTarget, int kThreadsPerSM>
-void launch_fast(const RowSet<T>& a, const RowSet<T>& b, bool has_b, float eps, DLDevice device, const char* name) {
+template <typename T, typename W, int kHA, int kHB, bool kGemma, bool kFused, bool kRound, int kTarget,
+          int kThreadsPerSM>
+void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float eps, DLDevice device,
+                 const char* name) {
   constexpr int kBlock = kBlockThreads<T, kHA, kHB, kTarget>;
-  constexpr auto kernel = norm_kernel<T, kBlock, kGemma, kFused, kHA, kHB, kTarget, kThreadsPerSM>;
+  constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM>;
   const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / RowConfig<T, kHA, kTarget>::kThreads);
   int64_t gb = 0;
   if constexpr (kHB > 0) {
@@ -430,8 +483,8 @@ void launch_fast(const RowSet<T>& a, const RowSet<T>& b, bool has_b, float eps, 
 
 // Launches the norm over set a (width ha) and, if has_b, set b (width hb). kHA/kHB: the compiled widths
 // (0: generic only). Falls back to the generic kernel when a row is not 16-byte aligned.
-template <typename T, int kHA, int kHB, bool kGemma, bool kFused>
-void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb, bool has_b, float eps,
+template <typename T, typename W, int kHA, int kHB, bool kGemma, bool kFused, bool kRound>
+void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64_t hb, bool has_b, float eps,
                  DLDevice device, const char* name) {
   const bool fast = kHA > 0 && (!has_b || kHB > 0) && fast_layout(a, kFused) && (!has_b || fast_layout(b, kFused));
   // Two row sets share a block size (a multiple of both groups); the rare pairs for which that exceeds
@@ -445,19 +498,20 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
           kFused ? NormConfig::kManyFusedThreadsPerSM : NormConfig::kManyPlainThreadsPerSM;
       constexpr int kNumVec = RowConfig<T, kHA, 1>::kNumVec;
       constexpr bool kManyWidth = kFused ? kNumVec > 256 && kNumVec <= 512 : kNumVec == 512;
-      using Many = RowConfig<T, kHA, kVecTarget<kFused, true>>;
+      using Many = RowConfig<T, kHA, kVecTarget<kFused, true>, W>;
       if constexpr (kHB == 0 && kManyWidth && Many::kWeightInRegs) {
         if (a.rows >= NormConfig::kManyRows) {
-          launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<kFused, true>, kManyThreadsPerSM>(a, b, has_b, eps,
-                                                                                               device, name);
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM>(
+              a, b, has_b, eps, device, name);
           return;
         }
       }
-      launch_fast<T, kHA, kHB, kGemma, kFused, kVecTarget<kFused>, kThreadsPerSM>(a, b, has_b, eps, device, name);
+      launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused>, kThreadsPerSM>(a, b, has_b, eps, device,
+                                                                                             name);
       return;
     }
   }
-  constexpr auto kernel = norm_generic_kernel<T, kGemma, kFused>;
+  constexpr auto kernel = norm_generic_kernel<T, W, kGemma, kFused, kRound>;
   const int64_t resident = int64_t{sgljit::num_sms(device.device_id)} *
                            sgljit::resident_blocks<kernel>(device.device_id, kGenericThreads);
   int grid_a = 0, grid = 0;
@@ -466,37 +520,40 @@ void launch_norm(const RowSet<T>& a, int64_t ha, const RowSet<T>& b, int64_t hb,
                                                                         grid_a, eps);
 }
 
-template <typename T>
-RowSet<T> rows_2d(const tvm::ffi::TensorView& in, const tvm::ffi::TensorView& out, const tvm::ffi::TensorView* res,
-                  const tvm::ffi::TensorView& weight) {
-  // The stride of a size-1 dimension is meaningless (and may be anything): make it 0.
-  const int64_t n = in.size(0);
-  auto s0 = [n](const tvm::ffi::TensorView& t) { return n == 1 ? int64_t{0} : t.stride(0); };
-  RowSet<T> s{};
+// The rows of in: [T, H], or [B, S, H] (out and, for the fused add, res alike; unit last strides). [B, S, H]
+// tensors whose leading dimensions all collapse into one row stride are B*S rows of that stride, others
+// B x S rows of two strides (row_offsets divides by S). The stride of a size-1 dimension is meaningless
+// (and may be anything): it becomes 0.
+template <typename T, typename W>
+RowSet<T, W> row_set(const tvm::ffi::TensorView& in, const tvm::ffi::TensorView& out, const tvm::ffi::TensorView* res,
+                     const tvm::ffi::TensorView& weight) {
+  using tvm::ffi::TensorView;
+  const bool three = in.ndim() == 3;
+  const int64_t n = in.size(0), inner = three ? in.size(1) : 1;
+  auto s0 = [n](const TensorView& t) { return n == 1 ? int64_t{0} : t.stride(0); };
+  auto s1 = [inner](const TensorView& t) { return inner == 1 ? int64_t{0} : t.stride(1); };
+  auto collapses = [n, inner](const TensorView& t) { return n == 1 || inner == 1 || t.stride(0) == inner * t.stride(1); };
+  RowSet<T, W> s{};
   s.in = static_cast<const T*>(in.data_ptr());
   s.out = static_cast<T*>(out.data_ptr());
   s.res = res ? static_cast<T*>(res->data_ptr()) : nullptr;
-  s.weight = static_cast<const T*>(weight.data_ptr());
-  s.rows = n;
+  s.weight = static_cast<const W*>(weight.data_ptr());
+  s.rows = n * inner;
   s.inner = 1;
-  s.in_s0 = s0(in);
-  s.out_s0 = s0(out);
-  s.res_s0 = res ? s0(*res) : 0;
-  return s;
-}
-
-template <typename T>
-RowSet<T> rows_heads(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView& weight) {
-  const int64_t n = x.size(0), heads = x.size(1);
-  RowSet<T> s{};
-  s.in = static_cast<const T*>(x.data_ptr());
-  s.out = static_cast<T*>(x.data_ptr());
-  s.res = nullptr;
-  s.weight = static_cast<const T*>(weight.data_ptr());
-  s.rows = n * heads;
-  s.inner = heads;
-  s.in_s0 = s.out_s0 = n == 1 ? 0 : x.stride(0);
-  s.in_s1 = s.out_s1 = heads == 1 ? 0 : x.stride(1);
+  if (!three || (collapses(in) && collapses(out) && (res == nullptr || collapses(*res)))) {
+    auto row = [&](const TensorView& t) { return inner == 1 ? s0(t) : s1(t); };
+    s.in_s0 = row(in);
+    s.out_s0 = row(out);
+    s.res_s0 = res ? row(*res) : 0;
+  } else {
+    s.inner = inner;
+    s.in_s0 = s0(in);
+    s.in_s1 = s1(in);
+    s.out_s0 = s0(out);
+    s.out_s1 = s1(out);
+    s.res_s0 = res ? s0(*res) : 0;
+    s.res_s1 = res ? s1(*res) : 0;
+  }
   return s;
 }
 
@@ -507,60 +564,75 @@ inline void check_width(int64_t compiled, int64_t actual, const char* name) {
                        ", got ", actual);
 }
 
-// out = rmsnorm(input) * weight (kGemma: * (1 + weight)). input, out: [T, H] with unit last stride.
-template <typename T, int kH, bool kGemma>
+// out = rmsnorm(input) * weight (kGemma: * (1 + weight)). input, out: [T, H] or [B, S, H], unit last stride.
+// The op's round_before_weight argument (the Gemma ops have none) is kRound: the key chose the module.
+template <typename T, typename W, int kH, bool kGemma, bool kRound>
 struct RMSNorm {
-  static void run(tvm::ffi::TensorView input, tvm::ffi::TensorView weight, tvm::ffi::TensorView out, double eps) {
-    check_width(kH, input.size(1), "input");
-    if (input.size(0) == 0) return;
-    const RowSet<T> a = rows_2d<T>(input, out, nullptr, weight);
-    launch_norm<T, kH, 0, kGemma, false>(a, input.size(1), a, 0, false, static_cast<float>(eps), input.device(),
-                                         kGemma ? "gemma_rmsnorm" : "rmsnorm");
+  static void run(tvm::ffi::TensorView input, tvm::ffi::TensorView weight, tvm::ffi::TensorView out, double eps,
+                  bool /*round_before_weight*/ = kRound) {
+    if constexpr (kGemma && kRound) {  // modules of the rounding form export the Gemma ops unused
+      sgljit::RuntimeCheck(false, "gemma_rmsnorm has no round_before_weight form");
+    } else {
+      const int64_t h = input.size(input.ndim() - 1);
+      check_width(kH, h, "input");
+      const RowSet<T, W> a = row_set<T, W>(input, out, nullptr, weight);
+      if (a.rows == 0) return;
+      launch_norm<T, W, kH, 0, kGemma, false, kRound>(a, h, a, 0, false, static_cast<float>(eps), input.device(),
+                                                      kGemma ? "gemma_rmsnorm" : "rmsnorm");
+    }
   }
 };
 
-// residual <- input + residual (rounded to T); input <- rmsnorm(residual) * weight (in place).
-template <typename T, int kH, bool kGemma>
+// residual <- input + residual (rounded to T); input <- rmsnorm(residual) * weight (in place). input,
+// residual: [T, H] or [B, S, H]; round_before_weight as for RMSNorm.
+template <typename T, typename W, int kH, bool kGemma, bool kRound>
 struct FusedAddRMSNorm {
   static void run(tvm::ffi::TensorView input, tvm::ffi::TensorView residual, tvm::ffi::TensorView weight,
-                  double eps) {
-    check_width(kH, input.size(1), "input");
-    if (input.size(0) == 0) return;
-    const RowSet<T> a = rows_2d<T>(input, input, &residual, weight);
-    launch_norm<T, kH, 0, kGemma, true>(a, input.size(1), a, 0, false, static_cast<float>(eps), input.device(),
-                                        kGemma ? "gemma_fused_add_rmsnorm" : "fused_add_rmsnorm");
+                  double eps, bool /*round_before_weight*/ = kRound) {
+    if constexpr (kGemma && kRound) {
+      sgljit::RuntimeCheck(false, "gemma_fused_add_rmsnorm has no round_before_weight form");
+    } else {
+      const int64_t h = input.size(input.ndim() - 1);
+      check_width(kH, h, "input");
+      const RowSet<T, W> a = row_set<T, W>(input, input, &residual, weight);
+      if (a.rows == 0) return;
+      launch_norm<T, W, kH, 0, kGemma, true, kRound>(a, h, a, 0, false, static_cast<float>(eps), input.device(),
+                                                     kGemma ? "gemma_fused_add_rmsnorm" : "fused_add_rmsnorm");
+    }
   }
 };
 
 // In place, per head: q [T, Hq, D], k [T, Hk, D] (unit last stride, any other strides), weights [D].
-template <typename T, int kD>
+template <typename T, typename W, int kD>
 struct QKNorm {
   static void run(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
                   tvm::ffi::TensorView k_weight, double eps) {
     const int64_t d = q.size(2);
     check_width(kD, d, "q");
     if (q.size(0) == 0) return;
-    const RowSet<T> a = rows_heads<T>(q, q_weight), b = rows_heads<T>(k, k_weight);
+    const RowSet<T, W> a = row_set<T, W>(q, q, nullptr, q_weight), b = row_set<T, W>(k, k, nullptr, k_weight);
     const bool has_b = b.rows > 0;
     if (a.rows == 0) {
-      if (has_b) launch_norm<T, kD, 0, false, false>(b, d, b, 0, false, static_cast<float>(eps), q.device(), "qknorm");
+      if (has_b) {
+        launch_norm<T, W, kD, 0, false, false, false>(b, d, b, 0, false, static_cast<float>(eps), q.device(), "qknorm");
+      }
       return;
     }
-    launch_norm<T, kD, kD, false, false>(a, d, b, d, has_b, static_cast<float>(eps), q.device(), "qknorm");
+    launch_norm<T, W, kD, kD, false, false, false>(a, d, b, d, has_b, static_cast<float>(eps), q.device(), "qknorm");
   }
 };
 
 // In place, per row: q [T, Wq], k [T, Wk] (unit last stride), q_weight [Wq], k_weight [Wk].
-template <typename T, int kWQ, int kWK>
+template <typename T, typename W, int kWQ, int kWK>
 struct QKNormAcrossHeads {
   static void run(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
                   tvm::ffi::TensorView k_weight, double eps) {
     check_width(kWQ, q.size(1), "q");
     check_width(kWK, k.size(1), "k");
     if (q.size(0) == 0) return;
-    const RowSet<T> a = rows_2d<T>(q, q, nullptr, q_weight), b = rows_2d<T>(k, k, nullptr, k_weight);
-    launch_norm<T, kWQ, kWK, false, false>(a, q.size(1), b, k.size(1), true, static_cast<float>(eps), q.device(),
-                                           "qknorm_across_heads");
+    const RowSet<T, W> a = row_set<T, W>(q, q, nullptr, q_weight), b = row_set<T, W>(k, k, nullptr, k_weight);
+    launch_norm<T, W, kWQ, kWK, false, false, false>(a, q.size(1), b, k.size(1), true, static_cast<float>(eps),
+                                                     q.device(), "qknorm_across_heads");
   }
 };
 
