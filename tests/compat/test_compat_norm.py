@@ -26,7 +26,7 @@ TOL = {BF16: 2e-2, FP16: 4e-3}
 @pytest.fixture(scope="module")
 def sglang_modules(request, tmp_path_factory):
     """sglang's norm.py and rmsnorm_hf.py, parsed (not imported: they need sglang's runtime)."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     where = f"sglang-{sglang_suite.SGLANG_VERSION}"
     folder = cache.mkdir(where) if cache is not None else tmp_path_factory.mktemp(where)
     try:

@@ -29,7 +29,7 @@ NOT_APPLICABLE = {
 @pytest.fixture(scope="session")
 def sglang_norm_tests(request, tmp_path_factory):
     """The test files, copied from the sglang wheel (see sglang_suite.sglang_files)."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     where = f"sglang-{sglang_suite.SGLANG_VERSION}"
     folder = cache.mkdir(where) if cache is not None else tmp_path_factory.mktemp(where)
     try:

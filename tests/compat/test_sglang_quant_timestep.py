@@ -126,7 +126,7 @@ def sglang_tests(request, tmp_path_factory) -> Path:
             shutil.copyfile(fetched / TESTS_IN_WHEEL / name, out / name)
         return out
     if not wheel:
-        cache = request.config.cache
+        cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
         dest = (
             cache.mkdir(f"sglang-{SGLANG_VERSION}")
             if cache is not None

@@ -392,8 +392,8 @@ def test_qk_norms_with_float32_weights(backend, case, backend_env):
         _close(k, ek, dtype, f"qknorm_across_heads T={t} {wq}/{wk} float32 weights, k")
     with pytest.raises(ValueError, match=r"^k_weight: dtype expected float32 \(same as"):
         ops.qknorm(
-            q.view(t, -1, d),
-            k.view(t, -1, d),
+            _randn((1, 4, d), dtype, device, 3),
+            _randn((1, 2, d), dtype, device, 4),
             _randn((d,), FP32, device, 1),
             _randn((d,), dtype, device, 2),
         )
