@@ -162,8 +162,10 @@ def _build_one(spec: dict) -> None:
 
 def _prebuild_parallel(specs: list[dict]) -> None:
     """Compile modules in parallel processes (builds inside one process are serialized); the
-    session's cache then serves them to this process without compiling."""
-    workers = max(1, min(len(specs), os.cpu_count() or 2, 8))
+    session's cache then serves them to this process without compiling. Under pytest-xdist every
+    worker runs this (the cache's locks build each module once), so the cores are shared out."""
+    sharing = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    workers = max(1, min(len(specs), (os.cpu_count() or 2) // sharing, 8))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for fut in [pool.submit(_build_one, s) for s in specs]:
             fut.result()
