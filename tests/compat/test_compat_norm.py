@@ -26,15 +26,7 @@ TOL = {BF16: 2e-2, FP16: 4e-3}
 @pytest.fixture(scope="module")
 def sglang_modules(request, tmp_path_factory):
     """sglang's norm.py and rmsnorm_hf.py, parsed (not imported: they need sglang's runtime)."""
-    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    where = f"sglang-{sglang_suite.SGLANG_VERSION}"
-    folder = cache.mkdir(where) if cache is not None else tmp_path_factory.mktemp(where)
-    try:
-        dest = sglang_suite.sglang_files(
-            ["norm.py", "rmsnorm_hf.py"], folder, tmp_path_factory.mktemp("sglang_norm")
-        )
-    except sglang_suite.Unavailable as err:
-        pytest.skip(f"sglang {sglang_suite.SGLANG_VERSION}'s modules are not available: {err}")
+    dest = sglang_suite.sglang_files(request, tmp_path_factory, ["norm.py", "rmsnorm_hf.py"])
     return {m: ast.parse((dest / f"{m}.py").read_text()) for m in ("norm", "rmsnorm_hf")}
 
 

@@ -17,6 +17,11 @@ FILES = (
     "test_qknorm_across_heads.py",
     "test_rmsnorm_hf.py",
 )
+# The modules they import, and the sgljit.compat modules that stand for them.
+MODULES = {
+    "sglang.jit_kernel.norm": "sgljit.compat.sglang.norm",
+    "sglang.jit_kernel.rmsnorm_hf": "sgljit.compat.sglang.rmsnorm_hf",
+}
 # Tests of those files that do not apply to sgljit, and why.
 NOT_APPLICABLE = {
     "test_rmsnorm.py::test_rmsnorm_kernel_dispatch": (
@@ -27,31 +32,19 @@ NOT_APPLICABLE = {
 
 
 @pytest.fixture(scope="session")
-def sglang_norm_tests(request, tmp_path_factory):
-    """The test files, copied from the sglang wheel (see sglang_suite.sglang_files)."""
-    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-    where = f"sglang-{sglang_suite.SGLANG_VERSION}"
-    folder = cache.mkdir(where) if cache is not None else tmp_path_factory.mktemp(where)
-    try:
-        return sglang_suite.sglang_files(
-            [f"tests/{f}" for f in FILES], folder, tmp_path_factory.mktemp("sglang_norm_tests")
-        )
-    except sglang_suite.Unavailable as err:
-        pytest.skip(f"sglang {sglang_suite.SGLANG_VERSION}'s test files are not available: {err}")
+def sglang_tests(request, tmp_path_factory):
+    return sglang_suite.sglang_files(request, tmp_path_factory, [f"tests/{f}" for f in FILES])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", FILES)
-def test_sglang_norm_tests_pass(name, backend, sglang_norm_tests, tmp_path):
-    deselect = tuple(k for k in NOT_APPLICABLE if k.startswith(f"{name}::"))
+def test_sglang_norm_tests_pass(name, backend, sglang_tests, tmp_path):
     outcome = sglang_suite.run_suite(
-        [sglang_norm_tests / name],
-        device="cuda" if backend == "cuda" else "cpu",
-        backend=None if backend == "cuda" else backend,
-        workdir=tmp_path,
-        deselect=deselect,
+        sglang_tests / name,
+        backend,
+        tmp_path,
+        modules=MODULES,
+        ci_ranges=True,  # on CUDA too
+        deselect=tuple(NOT_APPLICABLE),
     )
-    summary = f"{name} on {backend}: {outcome.passed} passed, {outcome.failed} failed"
-    print(f"{summary}, {outcome.skipped} skipped, {len(deselect)} not applicable deselected")
-    assert outcome.returncode == 0 and outcome.failed == 0, f"{summary}\n{outcome.output[-6000:]}"
-    assert outcome.passed > 0, f"{summary}: nothing ran\n{outcome.output[-3000:]}"
+    sglang_suite.assert_passes(outcome)

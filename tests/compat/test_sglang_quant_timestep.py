@@ -2,16 +2,13 @@
 ``sgljit.compat.sglang``.
 
 The test files are copied, byte for byte, out of the sglang 0.5.13 wheel (``jit_kernel/tests/``)
-and run by pytest in a fresh interpreter with ``shim_quant_timestep`` loaded, which puts the compat
-modules under the names they import (``sglang.jit_kernel.per_tensor_quant_fp8``, ...). The wheel
-is, in this order: ``$SGLANG_WHEEL``; the tree ``benchmarks/fetch_sglang_jit.sh`` writes to
-``.whl/sglang_jit`` (a GPU machine without a package index has it); the one an earlier run
-downloaded into pytest's cache; or ``pip download sglang==0.5.13 --no-deps`` (12 MB). Without any
-of them the tests skip, saying so.
+and run by ``sglang_suite`` (see there for where the wheel comes from and how the files run), with
+the compat modules under the names they import (``MODULES``); ``sglang.srt.utils`` stays missing,
+which the quant test reads as "not ROCm".
 
 Backends (each a parameter, as in ``tests/plugins``): ``cuda`` runs the files as they are, on the
 GPU, with their full ranges (1356 cases). ``reference`` and ``sycl`` run them without a GPU: the
-shim turns the tests' ``device="cuda"`` into the CPU (a torch function mode; their code is
+harness turns the tests' ``device="cuda"`` into the CPU (a torch function mode; their code is
 untouched), where sgljit runs its PyTorch reference or, with ``SGLJIT_BACKEND=sycl``, its SYCL
 kernels on the SYCL CPU device. There ``SGLANG_IS_IN_CI=1`` picks the ranges sglang's own CI runs,
 less the 18 timestep cases of 16384 x 8192 (134 M outputs each, half a minute and several GB on a
@@ -30,12 +27,6 @@ Two tests of this file's own cover what sglang's do not: the quantizer writes th
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
-import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,10 +39,7 @@ from sgljit.compat.sglang.timestep_embedding import timestep_embedding
 from sgljit_quant_fp8 import reference
 
 from ..plugins.common import BACKENDS
-
-ROOT = Path(__file__).resolve().parents[2]
-SGLANG_VERSION = "0.5.13"
-TESTS_IN_WHEEL = "sglang/jit_kernel/tests"
+from . import sglang_suite
 
 
 class SglangFile(NamedTuple):
@@ -69,145 +57,42 @@ TEST_FILES = {
         "timestep_embedding", "not (16384 and 8192)", 150, 1344
     ),
 }
-# what picks sglang's test ranges and its perf test: set here, never inherited
-SGLANG_ENV = (
-    "SGLANG_IS_IN_CI",
-    "SGLANG_JIT_KERNEL_RUN_FULL_TESTS",
-    "SGLANG_RUN_JIT_KERNEL_PERF_TESTS",
-)
-PERF_SKIP = ("test_timestep_embedding_perf", "Perf test disabled by default")
-
-
-def _download(dest: Path) -> Path | None:
-    """The sglang wheel in ``dest``, downloaded unless an earlier run left it there. Any one
-    platform's wheel has the same tests: CPython 3.12 manylinux x86_64 is asked for, from any host."""
-    found = sorted(dest.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    if found:
-        return found[0]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            "--implementation",
-            "cp",
-            "--platform",
-            "manylinux_2_34_x86_64",
-            "--dest",
-            str(dest),
-            f"sglang=={SGLANG_VERSION}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if result.returncode != 0:
-        pytest.skip(
-            f"sglang=={SGLANG_VERSION} could not be downloaded (no package index reachable?); set "
-            f"SGLANG_WHEEL to its wheel. pip said: {result.stderr.strip()[-500:]}"
-        )
-    return sorted(dest.glob(f"sglang-{SGLANG_VERSION}-*.whl"))[0]
+MODULES = {
+    "sglang.jit_kernel.per_tensor_quant_fp8": "sgljit.compat.sglang.per_tensor_quant_fp8",
+    "sglang.jit_kernel.timestep_embedding": "sgljit.compat.sglang.timestep_embedding",
+}
+# its perf test needs SGLANG_RUN_JIT_KERNEL_PERF_TESTS=1 and CUDA events
+EXPECTED_SKIPS = {
+    "test_timestep_embedding.py::test_timestep_embedding_perf": "Perf test disabled by default"
+}
 
 
 @pytest.fixture(scope="session")
 def sglang_tests(request, tmp_path_factory) -> Path:
     """A folder holding copies of sglang's test files (TEST_FILES)."""
-    out = tmp_path_factory.mktemp("sglang_tests")
-    fetched = ROOT / ".whl" / "sglang_jit"
-    wheel = os.environ.get("SGLANG_WHEEL")
-    if not wheel and f"sglang-{SGLANG_VERSION}-" in _read(fetched / "SOURCE.txt"):
-        for name in TEST_FILES:
-            shutil.copyfile(fetched / TESTS_IN_WHEEL / name, out / name)
-        return out
-    if not wheel:
-        cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
-        dest = (
-            cache.mkdir(f"sglang-{SGLANG_VERSION}")
-            if cache is not None
-            else tmp_path_factory.mktemp("wheel")
-        )
-        wheel = _download(Path(dest))
-    with zipfile.ZipFile(wheel) as whl:
-        for name in TEST_FILES:
-            (out / name).write_bytes(whl.read(f"{TESTS_IN_WHEEL}/{name}"))
-    return out
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
-    """test id -> (passed | failed | error | skipped, message) from pytest's JUnit XML."""
-    outcomes = {}
-    for case in ET.parse(junit).iter("testcase"):
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                message = child.get("message", "")
-        outcomes[case.get("name")] = (outcome, message)
-    return outcomes
+    return sglang_suite.sglang_files(
+        request, tmp_path_factory, [f"tests/{name}" for name in TEST_FILES]
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("test_file", sorted(TEST_FILES))
 def test_sglang_test_file_passes(sglang_tests, backend, test_file, tmp_path, cache_dir):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["SGLJIT_CACHE_DIR"] = str(cache_dir)
-    for name in ("SGLJIT_BACKEND", *SGLANG_ENV):
-        env.pop(name, None)
     spec = TEST_FILES[test_file]
-    options = ["--cuda-as", "cuda"]
-    if backend != "cuda":
-        env["SGLANG_IS_IN_CI"] = "1"
-        options = ["--cuda-as", "cpu", *(["-k", spec.cpu_deselect] if spec.cpu_deselect else [])]
-    if backend == "sycl":
-        env["SGLJIT_BACKEND"] = "sycl"
-    shutil.copyfile(sglang_tests / test_file, tmp_path / test_file)
-    junit = tmp_path / "junit.xml"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tests.compat.shim_quant_timestep",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            *options,
-            f"--junitxml={junit}",
-            test_file,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
+    on_cpu = backend != "cuda"
+    outcome = sglang_suite.run_suite(
+        sglang_tests / test_file,
+        backend,
+        tmp_path,
+        modules=MODULES,
+        ci_ranges=on_cpu,
+        keyword=spec.cpu_deselect if on_cpu else None,
+        env={"SGLJIT_CACHE_DIR": str(cache_dir)},
     )
-    log = (result.stdout + result.stderr)[-6000:]
-    assert junit.exists(), log
-    outcomes = _outcomes(junit)
-    bad = {name: o for name, o in outcomes.items() if o[0] in ("failed", "error")}
-    assert not bad, f"{len(bad)} of {len(outcomes)} failed: {sorted(bad)[:10]}\n{log}"
-    skipped = {name: msg for name, (o, msg) in outcomes.items() if o == "skipped"}
-    for name, message in skipped.items():
-        assert name == PERF_SKIP[0] and PERF_SKIP[1] in message, (name, message)
-    passed = sum(o == "passed" for o, _ in outcomes.values())
-    assert passed == (spec.passed_cuda if backend == "cuda" else spec.passed_cpu), log
-    assert result.returncode == 0, log
+    sglang_suite.assert_passes(
+        outcome, EXPECTED_SKIPS, spec.passed_cpu if on_cpu else spec.passed_cuda
+    )
     # the cases reached sgljit's kernels of that backend, not a fallback (the cache started empty)
     built = sorted(p.name for p in cache_dir.glob(f"*/*/{spec.family}_*"))
     if backend == "reference":
