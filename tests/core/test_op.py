@@ -249,6 +249,12 @@ def test_declarations_are_checked():
             args={"x": Tensor(4), "y": Tensor(4, dtype="z"), "z": Tensor(4)},
             reference=print,
         )
+    with pytest.raises(ValueError, match="y's dtype refers to 'w', not an earlier tensor"):
+        family.op(
+            "test_op_dtype_bad_ref",
+            args={"x": Tensor(4), "y": Tensor(4, dtype=("w", torch.float32))},
+            reference=print,
+        )
     with pytest.raises(ValueError, match="declares op 'test_op_scaled_copy' twice"):
         family.op("test_op_scaled_copy", args={"x": Tensor(4)}, reference=print)
     with pytest.raises(ValueError, match="family 'test_op' declared it already"):
@@ -387,53 +393,3 @@ def test_written_tensors_must_not_share_memory():
     torch.testing.assert_close(pairs[:, 1], x)
     cpp = op.cpp_checks("f", "K::run")
     assert 'check_disjoint(a, "a", b, "b");' in cpp
-
-
-table_lookup = family.op(
-    "test_op_table_lookup",
-    args={
-        "input": Tensor("rows", "width", io="inout"),
-        "table": Tensor("entries", "width", dtype=("input", torch.float32)),
-    },
-    reference=lambda input, table: input.add_(table[0].to(input.dtype)),
-    cases=[
-        Case(
-            "2x4 bf16, fp32 table",
-            lambda dev: (torch.randn(2, 4, device=dev).bfloat16(), torch.randn(3, 4, device=dev)),
-            1e-2,
-        )
-    ],
-)
-
-
-def test_a_dtype_may_be_an_earlier_tensors_or_one_of_a_list():
-    """dtype=("input", torch.float32): the input's dtype or float32, in Python, C++ and bad inputs."""
-    x = torch.zeros(2, 4, dtype=torch.bfloat16)
-    for dtype in (torch.bfloat16, torch.float32):
-        table_lookup(x, torch.ones(3, 4, dtype=dtype))
-    assert torch.equal(x, torch.full((2, 4), 2.0, dtype=torch.bfloat16))
-    with pytest.raises(
-        ValueError,
-        match=r"^table: dtype expected bfloat16 \(same as the tensors before it\) or one of "
-        r"\{float32\}, got float16$",
-    ):
-        table_lookup(x, torch.ones(3, 4, dtype=torch.float16))
-    code = table_lookup.cpp_checks("checked", "Lookup::run")
-    assert (
-        '.with_dtype_or<fp32_t>(dtype_input, dtype_table).with_device(device).verify(table, "table");'
-        in code
-    )
-    wrong = [what for what, _, _ in bad_inputs(table_lookup, torch.device("cpu"), "reference")]
-    assert "table of dtype torch.float16" in wrong  # neither bfloat16 nor float32
-    with pytest.raises(ValueError, match="dtype names at most one tensor"):
-        family.op(
-            "test_op_dtype_two_refs",
-            args={"x": Tensor(4), "z": Tensor(4), "y": Tensor(4, dtype=("x", "z"))},
-            reference=print,
-        )
-    with pytest.raises(ValueError, match="y's dtype refers to 'w', not an earlier tensor"):
-        family.op(
-            "test_op_dtype_bad_ref",
-            args={"x": Tensor(4), "y": Tensor(4, dtype=("w", torch.float32))},
-            reference=print,
-        )
