@@ -427,6 +427,26 @@ def _args(dev="cpu", T=4, D=64):
     )
 
 
+# cos_sin_cache shapes both apply_rope and qknorm_rope refuse (head_dim 64 in their _args)
+_CACHE_SHAPE_ERRORS = [
+    (
+        lambda a: {**a, "cos_sin_cache": make_cache(16, 66, a["q"].device)},
+        ValueError,
+        r"^cos_sin_cache: its width 66 \(rotary_dim\) exceeds head_dim 64",
+    ),
+    (
+        lambda a: {**a, "cos_sin_cache": torch.zeros(16, 63, device=a["q"].device)},
+        ValueError,
+        r"^cos_sin_cache: its width 63 \(rotary_dim\) must be a positive even number",
+    ),
+    (
+        lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]},
+        ValueError,
+        "^cos_sin_cache: has no rows",
+    ),
+]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "mutate, exc, match",
@@ -434,21 +454,7 @@ def _args(dev="cpu", T=4, D=64):
         (lambda a: {**a, "rotary_dim": 63}, ValueError, "^rotary_dim: 63 does not match"),
         (lambda a: {**a, "rotary_dim": 32}, ValueError, "^rotary_dim: 32 does not match"),
         (lambda a: {**a, "rotary_dim": 64.0}, TypeError, "^rotary_dim: expected an int"),
-        (
-            lambda a: {**a, "cos_sin_cache": make_cache(16, 66, a["q"].device)},
-            ValueError,
-            r"^cos_sin_cache: its width 66 \(rotary_dim\) exceeds head_dim 64",
-        ),
-        (
-            lambda a: {**a, "cos_sin_cache": torch.zeros(16, 63, device=a["q"].device)},
-            ValueError,
-            r"^cos_sin_cache: its width 63 \(rotary_dim\) must be a positive even number",
-        ),
-        (
-            lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]},
-            ValueError,
-            "^cos_sin_cache: has no rows",
-        ),
+        *_CACHE_SHAPE_ERRORS,
         (
             lambda a: {**a, "q": a["q"].flatten(1)[:, :100], "head_dim": 64},
             ValueError,
@@ -930,21 +936,7 @@ def _qkr_head(D):
     [
         (_qkr_head(65), ValueError, "^q: head_dim 65 is not supported"),
         (_qkr_head(2048), ValueError, "^q: head_dim 2048 is not supported"),
-        (
-            lambda a: {**a, "cos_sin_cache": make_cache(16, 66, a["q"].device)},
-            ValueError,
-            r"^cos_sin_cache: its width 66 \(rotary_dim\) exceeds head_dim 64",
-        ),
-        (
-            lambda a: {**a, "cos_sin_cache": torch.zeros(16, 63, device=a["q"].device)},
-            ValueError,
-            r"^cos_sin_cache: its width 63 \(rotary_dim\) must be a positive even number",
-        ),
-        (
-            lambda a: {**a, "cos_sin_cache": a["cos_sin_cache"][:0]},
-            ValueError,
-            "^cos_sin_cache: has no rows",
-        ),
+        *_CACHE_SHAPE_ERRORS,
         (
             lambda a: {**a, "q": a["q"].flatten(1)[:, :100]},
             ValueError,
