@@ -374,6 +374,13 @@ def _bad_indices(index: torch.Tensor, bound: int) -> torch.Tensor:
     return index
 
 
+def _case_label(tokens, hq, hk, head_dim, rot, is_neox, dtype) -> str:
+    """A check case's shape, style, partial rotary and dtype, e.g. ``7x(8+2)x128 neox bfloat16``."""
+    style = "neox" if is_neox else "gptj"
+    rotary = f" rotary {rot}" if rot != head_dim else ""
+    return f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+
+
 def _cache_label(cache: torch.dtype, dtype: torch.dtype) -> str:
     return "" if cache == torch.float32 else f" {_name(cache)} cache"
 
@@ -395,9 +402,7 @@ def _rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=t
             positions = _bad_indices(positions, max_pos)
         return q, k, _cos_sin_cache(max_pos, rot, device, cache), positions, is_neox
 
-    style = "neox" if is_neox else "gptj"
-    rotary = f" rotary {rot}" if rot != head_dim else ""
-    label = f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+    label = _case_label(tokens, hq, hk, head_dim, rot, is_neox, dtype)
     label += _cache_label(cache, dtype)
     return Case(f"{label} {name}".strip(), make, _TOLERANCES[dtype])
 
@@ -431,9 +436,7 @@ def _kv_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=tor
         table = _cos_sin_cache(max_pos, rot, device, cache)
         return q, k, v, k_cache, v_cache, table, positions, out_loc, is_neox
 
-    style = "neox" if is_neox else "gptj"
-    rotary = f" rotary {rot}" if rot != head_dim else ""
-    label = f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+    label = _case_label(tokens, hq, hk, head_dim, rot, is_neox, dtype)
     label += _cache_label(cache, dtype)
     return Case(f"{label} {name}".strip(), make, _TOLERANCES[dtype])
 
@@ -496,9 +499,7 @@ def _qknorm_rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *
         cache = _cos_sin_cache(max_pos, rot, device)
         return q, k, weights[0], weights[1], cache, positions, 1e-6, is_neox
 
-    style = "neox" if is_neox else "gptj"
-    rotary = f" rotary {rot}" if rot != head_dim else ""
-    label = f"{tokens}x({hq}+{hk})x{head_dim} {style}{rotary} {_name(dtype)}"
+    label = _case_label(tokens, hq, hk, head_dim, rot, is_neox, dtype)
     return Case(f"{label} {name}".strip(), make, _QKR_TOLERANCES[dtype])
 
 
