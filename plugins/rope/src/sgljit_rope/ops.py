@@ -17,9 +17,9 @@ The kernel ops (``torch.ops.sgljit.apply_rope``, ``...apply_rope_with_kv_cache``
 take 3-D ``[T, H, D]`` tensors, contiguous ``positions``/``out_loc`` and ``is_neox``; the public
 functions below unflatten ``[T, H * D]`` views, make the index tensors contiguous and pick the KV
 op. CUDA modules are specialized by dtype, cache dtype, index dtypes, rotary_dim (and head_dim for
-the KV variants and qknorm_rope) and style; apply_rope's and the KV variants' modules choose
-16-byte or 1-element vectors per call in C++, qknorm_rope's key carries the vector width the
-pointers and strides allow (:func:`_qknorm_rope_vec`; SYCL modules likewise, :func:`_pick_vec`).
+the KV variants and qknorm_rope) and style; CUDA modules choose 16-byte or 1-element vectors per
+call in C++; SYCL keys carry the vector width the pointers and strides allow (:func:`_pick_vec`,
+:func:`_qknorm_rope_vec`).
 """
 
 import functools
@@ -221,21 +221,22 @@ def _launch_kv(rotate_k: bool, module, key, q, k, v, k_cache, v_cache, cos_sin_c
        cos_sin_cache.stride(0), cos_sin_cache.shape[0], k_cache.shape[0], int(rotate_k))  # fmt: skip
 
 
-# qknorm_rope: one module per (dtype, index dtype, head_dim, rotary_dim, style, vector width); its
-# own header (csrc/qknorm_rope.cuh) and SYCL source (sycl/qknorm_rope.hpp).
+# qknorm_rope: one module per (dtype, index dtype, head_dim, rotary_dim, style) (and, SYCL, vector
+# width); its own header (csrc/qknorm_rope.cuh) and SYCL source (sycl/qknorm_rope.hpp).
 
-_QKR_PARAMS = ("dtype", "idx_dtype", "head_dim", "rotary_dim", "is_neox", "vec")
+_QKR_PARAMS = ("dtype", "idx_dtype", "head_dim", "rotary_dim", "is_neox")
 # Heads wider than this would not fit a lane group's registers (32 lanes; csrc/qknorm_rope.cuh).
 _QKR_MAX_HEAD_DIM = 1024
 
 
 def _qknorm_rope_vec(q, k, q_weight, k_weight, cos_sin_cache, max_pos: int, rot: int) -> int:
-    """The vector width (elements) of a qknorm_rope specialization: the widest power of two, up to
+    """The vector width (elements) of a SYCL qknorm_rope specialization (CUDA modules choose theirs
+    in C++): the widest power of two, up to
     16 bytes, that divides ``head_dim / 2``, ``rotary_dim / 2``, every data pointer (in elements),
     and q's and k's strides of T and H (where that size is > 1); cos/sin (fp32) are read
     ``min(vec, 4)`` at a time, so that many floats must divide the cache's pointer and (if it has
-    rows > 1) its row stride. Runs on every eager CUDA call: pointers and strides are combined as
-    bits, and only when that finds less than 16 bytes are the sizes read."""
+    rows > 1) its row stride. Pointers and strides are combined as bits, and only when that finds
+    less than 16 bytes are the sizes read."""
     size = q.element_size()
     qs, ks = q.stride(), k.stride()
     counts = ((rot | q.shape[2]) >> 1) | qs[0] | qs[1] | ks[0] | ks[1]
@@ -268,17 +269,16 @@ def _qknorm_rope_key(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is
     max_pos, rot = cos_sin_cache.shape
     if rot <= 0 or rot % 2 or not max_pos:
         _cache_shape(cos_sin_cache)
-    vec = _qknorm_rope_vec(q, k, q_weight, k_weight, cos_sin_cache, max_pos, rot)
-    return q.dtype, positions.dtype, q.shape[2], rot, is_neox, vec
+    return q.dtype, positions.dtype, q.shape[2], rot, is_neox
 
 
-def _qknorm_rope_params(dtype, idx_dtype, head_dim, rot, is_neox, vec) -> dict:
+def _qknorm_rope_params(dtype, idx_dtype, head_dim, rot, is_neox) -> dict:
     """A new key's template parameters; refuses the head sizes and rotary widths the kernel does
     not take (checked once per key, not on every call)."""
     _check_qknorm_rope_head(head_dim)
     if rot > head_dim:
         raise ValueError(f"cos_sin_cache: its width {rot} (rotary_dim) exceeds head_dim {head_dim}")
-    return dict(zip(_QKR_PARAMS, (dtype, idx_dtype, head_dim, rot, is_neox, vec), strict=True))
+    return dict(zip(_QKR_PARAMS, (dtype, idx_dtype, head_dim, rot, is_neox), strict=True))
 
 
 def _qknorm_rope_lanes(head_dim: int, vec: int) -> int:
@@ -632,7 +632,7 @@ _qknorm_rope = family.op(
     doc=reference.qknorm_rope_into.__doc__,
     cuda=Cuda(
         "csrc/qknorm_rope.cuh",
-        "sgljit_rope::QKNormRope<{dtype}, {idx_dtype}, {head_dim}, {rotary_dim}, {is_neox}, {vec}>::run",
+        "sgljit_rope::QKNormRope<{dtype}, {idx_dtype}, {head_dim}, {rotary_dim}, {is_neox}>::run",
         key=_qknorm_rope_key,
         params=_qknorm_rope_params,
     ),

@@ -21,6 +21,8 @@
 // streaming (evict-first) while the heads fit in L2.
 #pragma once
 
+#include "rope.cuh"  // widest_vec, vectors_fit, check_dtype, check_style
+
 #include <sgljit/cuda.cuh>
 #include <sgljit/tensor.h>
 #include <sgljit/type.cuh>
@@ -287,48 +289,14 @@ __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBloc
   }
 }
 
-// The entry point. Shapes, strides (unit last dimension), dtypes, devices and overlap were checked by
-// the code sgljit.op generates from the op's declared arguments (ops.py); here only what the
-// specialization assumes: its dtypes, sizes and style, and the alignment of its vectors.
+// One vector width's launch (the entry point below chose it).
 template <typename T, typename IdxT, int HEAD_DIM, int ROT, bool NEOX, int VEC>
-struct QKNormRope {
+struct QKNormRopeLaunch {
   using C = QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>;
 
-  template <typename Want>
-  static void check_dtype(const TensorView& t, const char* name) {
-    RuntimeCheck(same_dtype(t.dtype(), DTypeTrait<Want>::value), name, ": this module was compiled for ",
-                 DTypeTrait<Want>::name, ", got ", dtype_name(t.dtype()));
-  }
-  static void check_aligned(const TensorView& t, int bytes, const char* name) {
-    RuntimeCheck(reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0, name, ": data pointer must be aligned to ",
-                 bytes, " bytes for this specialization");
-  }
-  static void check_stride(int64_t stride, int64_t size, int vec, const char* name, const char* what) {
-    RuntimeCheck(size <= 1 || stride % vec == 0, name, ": ", what, " (", stride, ") must be a multiple of ", vec,
-                 " for this specialization");
-  }
-
   static void run(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight, TensorView cos_sin_cache,
-                  TensorView positions, double eps, bool is_neox) {
-    check_dtype<T>(q, "q");
-    check_dtype<IdxT>(positions, "positions");
-    RuntimeCheck(is_neox == NEOX, "is_neox: this module was compiled for is_neox=", NEOX ? "True" : "False");
-    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
-    RuntimeCheck(cos_sin_cache.size(1) == ROT, "cos_sin_cache: this module was compiled for rotary_dim ", ROT,
-                 ", got a cache of width ", cos_sin_cache.size(1));
+                  TensorView positions, double eps) {
     const int64_t n = q.size(0);
-    const int vb = VEC * sizeof(T);
-    check_aligned(q, vb, "q");
-    check_aligned(k, vb, "k");
-    check_aligned(q_weight, vb, "q_weight");
-    check_aligned(k_weight, vb, "k_weight");
-    check_aligned(cos_sin_cache, C::kCosVec * 4, "cos_sin_cache");
-    check_stride(q.stride(0), n, VEC, "q", "token stride");
-    check_stride(q.stride(1), q.size(1), VEC, "q", "head stride");
-    check_stride(k.stride(0), n, VEC, "k", "token stride");
-    check_stride(k.stride(1), k.size(1), VEC, "k", "head stride");
-    check_stride(cos_sin_cache.stride(0), cos_sin_cache.size(0), C::kCosVec, "cos_sin_cache", "row stride");
-
     QKNormRopeParams p{};
     p.q_heads = static_cast<int32_t>(q.size(1));
     p.k_heads = static_cast<int32_t>(k.size(1));
@@ -374,6 +342,34 @@ struct QKNormRope {
         static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(q_weight.data_ptr()),
         static_cast<const T*>(k_weight.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
         static_cast<const IdxT*>(positions.data_ptr()), p);
+  }
+};
+
+// The entry point. Shapes, strides (unit last dimension), dtypes, devices and overlap were checked by
+// the code sgljit.op generates from the op's declared arguments (ops.py); here only what the
+// specialization assumes (its dtypes, sizes and style), then kVec-element vectors where every pointer
+// and stride allows them (as apply_rope), else 1-element vectors.
+template <typename T, typename IdxT, int HEAD_DIM, int ROT, bool NEOX>
+struct QKNormRope {
+  static constexpr int kVec = widest_vec<T, HEAD_DIM / 2, ROT / 2>();
+
+  static void run(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight, TensorView cos_sin_cache,
+                  TensorView positions, double eps, bool is_neox) {
+    check_dtype<T>(q, "q");
+    check_dtype<IdxT>(positions, "positions");
+    check_style(is_neox, NEOX);
+    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
+    RuntimeCheck(cos_sin_cache.size(1) == ROT, "cos_sin_cache: this module was compiled for rotary_dim ", ROT,
+                 ", got a cache of width ", cos_sin_cache.size(1));
+    auto weight_fits = [](const TensorView& w) {
+      return reinterpret_cast<uintptr_t>(w.data_ptr()) % (kVec * sizeof(T)) == 0;
+    };
+    if (vectors_fit<T, float>(kVec, {&q, &k}, cos_sin_cache) && weight_fits(q_weight) && weight_fits(k_weight)) {
+      QKNormRopeLaunch<T, IdxT, HEAD_DIM, ROT, NEOX, kVec>::run(q, k, q_weight, k_weight, cos_sin_cache, positions,
+                                                                eps);
+    } else {
+      QKNormRopeLaunch<T, IdxT, HEAD_DIM, ROT, NEOX, 1>::run(q, k, q_weight, k_weight, cos_sin_cache, positions, eps);
+    }
   }
 };
 
