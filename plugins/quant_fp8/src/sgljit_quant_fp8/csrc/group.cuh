@@ -16,6 +16,12 @@
 // contiguous range of a row, or a few rows). Data whose pointer or row stride is not a multiple of 16
 // bytes runs the same kernel with one-element vectors. Launched with PDL; grids of up to one block per
 // SM prefetch their groups into L2 before the wait (as the rows kernel).
+// Experimental (-DGROUP_COL_TILES=1; undefined: row numbering always): where the scales' token stride
+// is 1 (column-major) and T fills a round, a block owns a tile of TT tokens x RC group columns
+// (RC = min(R, per_row) rounded down to a power of two, TT = groups-per-block x R / RC): round r takes
+// column r % RC and tokens (r / RC) x groups-per-block + [0, groups-per-block), consecutive groups of a
+// warp being consecutive tokens, so its scale stores hit consecutive floats; blocks run along a tile
+// row (column tiles fastest), so a wave still reads whole rows of the input.
 #pragma once
 
 #include "common.cuh"
@@ -67,6 +73,11 @@ struct GroupArgs {
   float eps;
   bool ue8m0;
   bool prefetch;  // prefetch the block's groups into L2 before the PDL wait (16-byte vectors only)
+#if GROUP_COL_TILES
+  int tile_log2_cols;  // column tiles: log2(RC), RC group columns a tile; -1: row numbering
+  int col_tiles;       // column tiles: tiles across a row, ceil(groups_per_row / RC)
+  int rows;            // T
+#endif
 };
 
 template <typename T, typename Q, int G, int VEC, int R>
@@ -80,6 +91,31 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
   // the first use) and store nothing.
   int row[R], col[R];
   const T* src[R];
+#if GROUP_COL_TILES
+  bool live[R];  // in range (column tiles: not a suffix of the rounds where RC < R)
+  if (a.tile_log2_cols >= 0) {
+    const int lc = a.tile_log2_cols;
+    const int bt = blockIdx.x / a.col_tiles, bc = blockIdx.x - bt * a.col_tiles;
+    const int t0 = bt * ((R * S::kPerBlock) >> lc) + threadIdx.x / L;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t = t0 + (r >> lc) * S::kPerBlock, c = (bc << lc) + (r & ((1 << lc) - 1));
+      live[r] = t < a.rows && c < a.groups_per_row;
+      row[r] = min(t, a.rows - 1);
+      col[r] = min(c, a.groups_per_row - 1);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int gu = first + r * S::kPerBlock, gi = min(gu, a.num_groups - 1);
+      live[r] = gu < a.num_groups;
+      row[r] = gi / a.groups_per_row;
+      col[r] = gi - row[r] * a.groups_per_row;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) src[r] = a.in + row[r] * a.in_stride + int64_t(col[r]) * G;
+#else
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int gi = min(first + r * S::kPerBlock, a.num_groups - 1);
@@ -87,6 +123,7 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
     col[r] = gi - row[r] * a.groups_per_row;
     src[r] = a.in + row[r] * a.in_stride + int64_t(col[r]) * G;
   }
+#endif
   if constexpr (sizeof(T) * VEC == 16) {
     if (a.prefetch && lane == 0) {
 #pragma unroll
@@ -103,11 +140,15 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
     for (int k = 0; k < K; ++k) x[r][k] = IO::template load<true>(src[r] + (lane + k * L) * VEC);
   }
   // A group's lanes shuffle among themselves (they agree on whether it is in range): a round out of
-  // range ends the lane's work, and every later round is further out.
+  // range ends the lane's work, and every later round is further out (column tiles: skips the round).
   const unsigned group_mask = L == 32 ? kFullMask : ((1u << L) - 1) << (threadIdx.x % 32 & ~(L - 1));
 #pragma unroll
   for (int r = 0; r < R; ++r) {
+#if GROUP_COL_TILES
+    if (!live[r]) continue;
+#else
     if (first + r * S::kPerBlock >= a.num_groups) break;
+#endif
     AbsMax<T, VEC> acc;
 #pragma unroll
     for (int k = 0; k < K; ++k) acc.add(x[r][k]);
@@ -190,7 +231,23 @@ struct GroupQuantFp8 {
     const int64_t target = int64_t(num_sms(dev.device_id)) * GroupConfig::kThreadsPerSm;
     static_assert(GroupConfig::kMaxRounds == 4, "launch: rounds 1, 2, 4");
     const int R = threads >= 4 * target ? 4 : threads >= 2 * target ? 2 : 1;
+#if GROUP_COL_TILES
+    const int64_t rows = a.num_groups / a.groups_per_row;
+    a.rows = int(rows);
+    a.tile_log2_cols = -1;
+    a.col_tiles = 0;
+    int64_t grid = div_ceil<int64_t>(a.num_groups, int64_t(R) * S::kPerBlock);
+    // Column tiles where the scales' token stride is 1 and T fills a round (fewer tokens would idle
+    // most lanes); RC the most columns up to R, a power of two dividing it.
+    if (a.scale_stride_t == 1 && rows >= S::kPerBlock) {
+      const int lc = R >= 4 && a.groups_per_row >= 4 ? 2 : R >= 2 && a.groups_per_row >= 2 ? 1 : 0;
+      a.tile_log2_cols = lc;
+      a.col_tiles = int(div_ceil<int64_t>(a.groups_per_row, int64_t(1) << lc));
+      grid = div_ceil<int64_t>(rows, (int64_t(R) * S::kPerBlock) >> lc) * a.col_tiles;
+    }
+#else
     const int64_t grid = div_ceil<int64_t>(a.num_groups, int64_t(R) * S::kPerBlock);
+#endif
     a.prefetch = grid <= num_sms(dev.device_id);
     auto go = [&](auto kernel) {
       LaunchKernel(kernel, dim3(grid), dim3(GroupConfig::kThreads), 0, dev, "per_token_group_quant_fp8").pdl()(a);
