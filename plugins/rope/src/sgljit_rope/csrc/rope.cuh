@@ -16,7 +16,8 @@
 // apply_rope launches a block per `kGroups` items and lets the hardware scheduler overlap blocks;
 // the KV kernel's grid is persistent: at most as many blocks as fit on the GPU at once, striding
 // over items. A thread steps its (token, chunk) by the grid's stride's quotient and remainder,
-// host-divided (no 64-bit division per item).
+// host-divided (no 64-bit division per item). Experimental (ROPE_KV_DECODE=1): up to 256 tokens
+// take rope_kv_decode_kernel instead, a head per lane group and no index-dependent load but cos/sin.
 //
 // Programmatic dependent launch: each kernel waits for the previous kernel on the stream
 // (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
