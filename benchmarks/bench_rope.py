@@ -45,6 +45,8 @@ from harness import (
 )
 
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384, 65536)
+# apply_rope_with_kv_cache also at decode batch sizes (8, 32, 128)
+KV_TOKENS = (1, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384, 65536)
 HQ, HK, D, MAX_POS = 32, 8, 128, 65536
 DTYPE = torch.bfloat16
 # qknorm_rope: (q heads, k heads) of Qwen3-8B, -32B and -0.6B/1.7B (head_dim 128), and their rope base
@@ -261,7 +263,7 @@ def ops() -> list[Op]:
         ),
         Op(
             "apply_rope_with_kv_cache",
-            [kv_case(t) for t in TOKENS],
+            [kv_case(t) for t in KV_TOKENS],
             providers=[
                 Provider(SGLJIT, load_sgljit_kv),
                 Provider("sgljit apply_rope + 2 index_copy_", load_sgljit_unfused),

@@ -16,7 +16,8 @@
 // apply_rope launches a block per `kGroups` items and lets the hardware scheduler overlap blocks;
 // the KV kernel's grid is persistent: at most as many blocks as fit on the GPU at once, striding
 // over items. A thread steps its (token, chunk) by the grid's stride's quotient and remainder,
-// host-divided (no 64-bit division per item).
+// host-divided (no 64-bit division per item). Experimental (ROPE_KV_DECODE=1): up to 256 tokens
+// take rope_kv_decode_kernel instead, a head per lane group and no index-dependent load but cos/sin.
 //
 // Programmatic dependent launch: each kernel waits for the previous kernel on the stream
 // (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
@@ -92,6 +93,25 @@ struct RopeKVConfig {
   static constexpr int kGroups = G::groups_for(kBlockTarget);
   static constexpr int kBlock = G::kLanes * kGroups;
   static constexpr int kMinBlocks = 768 / kBlock > 0 ? 768 / kBlock : 1;  // 3/8 occupancy
+};
+
+// Experimental (ROPE_KV_DECODE=1; undefined: off): the KV variant's decode kernel, for up to
+// kMaxTokens tokens (rope_kv_decode_kernel). ROPE_KV_DECODE_PREFETCH=0 drops its L2 prefetch.
+#ifndef ROPE_KV_DECODE
+#define ROPE_KV_DECODE 0
+#endif
+#ifndef ROPE_KV_DECODE_PREFETCH
+#define ROPE_KV_DECODE_PREFETCH 1
+#endif
+template <int ROT, int VEC>
+struct RopeKVDecodeConfig {
+  using G = Geometry<ROT, VEC>;
+  static constexpr int64_t kMaxTokens = 256;  // decode sizes: latency-bound, the grid is resident at once
+  static constexpr int kBlockTarget = 128;    // threads per block: T=1's 48 heads (32/8) on 3 SMs
+  static constexpr int kGroups = G::groups_for(kBlockTarget);
+  static constexpr int kBlock = G::kLanes * kGroups;
+  static constexpr int kHeldVecs = 8;  // copy vectors a lane loads before its index arrives (registers)
+  static constexpr bool kPrefetch = ROPE_KV_DECODE_PREFETCH != 0;  // L2 prefetch before the PDL wait
 };
 
 struct RopeParams {
@@ -480,6 +500,193 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
 }
 
 // ------------------------------------------------------------------------------------------------
+// The KV variant at decode sizes (ROPE_KV_DECODE). A lane group owns one head (q, k + store or v
+// copy) of one token: the grid is an item per group, not persistent. Before the PDL wait each lane
+// prefetches into L2 the lines it will read that do not depend on an index (its head's vectors,
+// the token's position and out_loc); after it, the head's vectors, the position and out_loc are
+// loaded together, before any of them is used, so the only dependent round trip left is cos/sin
+// (k and q) and none for v (the persistent kernel reads position, then out_loc, then the heads).
+
+// Loads a head vector where it is written: ptxas sinks a plain load into the branch that first uses
+// it, i.e. after the index that branch tests has arrived (one round trip more); a volatile load
+// (16-byte vectors; 1-element vectors, the fallback for odd views, load plainly) is never moved.
+template <typename T, int VEC>
+SGLJIT_DEVICE void load_early(HeadVec<T, VEC>& v, const T* ptr) {
+  if constexpr (sizeof(v.w) == 16) {
+    static_assert(sizeof(v.w[0]) == 4, "16-byte vectors of 4-byte words");
+    uint32_t r0, r1, r2, r3;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "l"(ptr));
+    memcpy(&v.w[0], &r0, 4);
+    memcpy(&v.w[1], &r1, 4);
+    memcpy(&v.w[2], &r2, 4);
+    memcpy(&v.w[3], &r3, 4);
+  } else {
+    v.load(ptr);
+  }
+}
+
+// Stores a head vector as one 16-byte store where it is one (after load_early, the compiler splits
+// some plain 16-byte stores into four).
+template <typename T, int VEC>
+SGLJIT_DEVICE void store_vec(const HeadVec<T, VEC>& v, T* ptr) {
+  if constexpr (sizeof(v.w) == 16) {
+    uint32_t r[4];
+    memcpy(r, &v.w, sizeof(r));
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+  } else {
+    v.store(ptr);
+  }
+}
+
+// The part of a head from element FROM on that is copied as is, VEC elements at a time spread over
+// the lane group: the first kHeld vectors of the lane are held in registers (loaded early), the
+// rest are copied in batches after the store's slot is known.
+template <typename T, int HEAD_DIM, int FROM, int LANES, int VEC, int kHeldMax>
+struct HeadCopy {
+  using Vec = HeadVec<T, VEC>;
+  static constexpr int kVecs = (HEAD_DIM - FROM) / VEC;
+  static constexpr int kPerLane = (kVecs + LANES - 1) / LANES;
+  static constexpr int kHeld = kPerLane < kHeldMax ? kPerLane : kHeldMax;
+  Vec held[kHeld > 0 ? kHeld : 1];
+
+  // Vector i of the lane, and whether it exists (the last round may leave lanes without one).
+  static SGLJIT_DEVICE int offset(int lane, int i) { return FROM + (lane + i * LANES) * VEC; }
+  static SGLJIT_DEVICE bool exists(int lane, int i) { return kVecs % LANES == 0 || lane + i * LANES < kVecs; }
+
+  static SGLJIT_DEVICE void prefetch(const T* src, int lane) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (exists(lane, i)) prefetch_l2(src + offset(lane, i));
+    }
+  }
+  SGLJIT_DEVICE void load(const T* src, int lane) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      if (exists(lane, i)) load_early(held[i], src + offset(lane, i));
+    }
+  }
+  // Stores the held vectors, then copies the rest.
+  SGLJIT_DEVICE void store(const T* src, T* dst, int lane) const {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      if (exists(lane, i)) store_vec(held[i], dst + offset(lane, i));
+    }
+    constexpr int kBatch = 4;
+#pragma unroll
+    for (int i0 = kHeld; i0 < kPerLane; i0 += kBatch) {
+      Vec buf[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (i0 + j < kPerLane && exists(lane, i0 + j)) buf[j].load(src + offset(lane, i0 + j));
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (i0 + j < kPerLane && exists(lane, i0 + j)) buf[j].store(dst + offset(lane, i0 + j));
+      }
+    }
+  }
+};
+
+// KT: const T, or T when k is rotated in place (ROTATE_K). Numerics as rope_kv_kernel's.
+template <typename T, typename CacheT, typename IdxT, typename LocT, int HEAD_DIM, int ROT, bool NEOX, int VEC,
+          bool ROTATE_K, typename KT = std::conditional_t<ROTATE_K, T, const T>>
+__global__ void __launch_bounds__(RopeKVDecodeConfig<ROT, VEC>::kBlock)
+    rope_kv_decode_kernel(T* __restrict__ q, KT* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
+                          T* __restrict__ v_cache, const CacheT* __restrict__ cos_sin,
+                          const IdxT* __restrict__ positions, const LocT* __restrict__ out_loc, const RopeParams p) {
+  using G = Geometry<ROT, VEC>;
+  using C = RopeKVDecodeConfig<ROT, VEC>;
+  using Vec = HeadVec<T, VEC>;
+  using Tail = HeadCopy<T, HEAD_DIM, ROT, G::kLanes, VEC, C::kHeldVecs>;  // k's unrotated part
+  using Whole = HeadCopy<T, HEAD_DIM, 0, G::kLanes, VEC, C::kHeldVecs>;   // v
+  const int lane = threadIdx.x % G::kLanes;
+  const int off1 = first_offset<ROT, NEOX, VEC>(lane);
+  const int off2 = second_offset<ROT, NEOX, VEC>(lane);
+  // Item (token t, head h of the token's q_heads + 2 * k_heads); the host keeps items under 2^31.
+  const uint32_t item = blockIdx.x * uint32_t{C::kGroups} + threadIdx.x / G::kLanes;
+  const uint32_t t32 = item / static_cast<uint32_t>(p.chunks);
+  const int64_t t = t32;
+  if (t >= p.num_tokens) return;
+  const int h = static_cast<int>(item - t32 * static_cast<uint32_t>(p.chunks));
+  auto row_of = [&](IdxT pos) {
+    return in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
+  };
+
+  if (h < p.q_heads) {  // q: rotated in place (out-of-range position: untouched)
+    T* src = q + t * p.q_stride_t + h * p.q_stride_h;
+    if constexpr (C::kPrefetch) {
+      prefetch_l2(src + off1);
+      prefetch_l2(src + off2);
+      if (lane == 0) prefetch_l2(positions + t);
+    }
+    pdl_wait();  // every input may be written by the previous kernel
+    pdl_launch_dependents();
+    Vec a, b;
+    load_early(a, src + off1);
+    load_early(b, src + off2);
+    const IdxT pos = positions[t];
+    const CacheT* row = row_of(pos);
+    if (row == nullptr) return;
+    float c[VEC], s[VEC];
+    load_cos_sin<ROT, NEOX, VEC>(row, lane, c, s);
+    rotate<T, NEOX, VEC>(a, b, c, s);
+    store_vec(a, src + off1);
+    store_vec(b, src + off2);
+  } else if (h < p.q_heads + p.k_heads) {  // k: rotated into k_cache (unrotated if no row)
+    const int hk = h - p.q_heads;
+    KT* src = k + t * p.k_stride_t + hk * p.k_stride_h;
+    if constexpr (C::kPrefetch) {
+      prefetch_l2(src + off1);
+      prefetch_l2(src + off2);
+      Tail::prefetch(src, lane);
+      if (lane == 0) {
+        prefetch_l2(positions + t);
+        prefetch_l2(out_loc + t);
+      }
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    Vec a, b;
+    Tail tail;
+    load_early(a, src + off1);
+    load_early(b, src + off2);
+    tail.load(src, lane);
+    const IdxT pos = positions[t];
+    const LocT loc = out_loc[t];
+    const CacheT* row = row_of(pos);
+    if (row != nullptr) {
+      float c[VEC], s[VEC];
+      load_cos_sin<ROT, NEOX, VEC>(row, lane, c, s);
+      rotate<T, NEOX, VEC>(a, b, c, s);
+      if constexpr (ROTATE_K) {  // whether or not the token's out_loc is in range
+        store_vec(a, src + off1);
+        store_vec(b, src + off2);
+      }
+    }
+    if (!in_range(loc, p.num_slots)) return;  // out of range: no store for this token
+    T* dst = k_cache + static_cast<int64_t>(loc) * p.kc_stride_s + hk * p.kc_stride_h;
+    store_vec(a, dst + off1);
+    store_vec(b, dst + off2);
+    tail.store(src, dst, lane);
+  } else {  // v: copied into v_cache
+    const int hv = h - p.q_heads - p.k_heads;
+    const T* src = v + t * p.v_stride_t + hv * p.v_stride_h;
+    if constexpr (C::kPrefetch) {
+      Whole::prefetch(src, lane);
+      if (lane == 0) prefetch_l2(out_loc + t);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    Whole whole;
+    whole.load(src, lane);
+    const LocT loc = out_loc[t];
+    if (!in_range(loc, p.num_slots)) return;
+    whole.store(src, v_cache + static_cast<int64_t>(loc) * p.vc_stride_s + hv * p.vc_stride_h, lane);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Host side.
 
 // Grid: enough blocks for the work; persistent: at most as many as are resident at once. Sets the
@@ -664,6 +871,21 @@ struct RopeKVLaunch {
     p.num_slots = slots;
     if (n == 0) return;
     const DLDevice device = q.device();
+    if constexpr (ROPE_KV_DECODE != 0) {
+      using D = RopeKVDecodeConfig<ROT, VEC>;
+      const int64_t items = n * (hq + 2 * hk);  // a head an item
+      if (n <= D::kMaxTokens && items < (int64_t{1} << 31)) {
+        p.chunks = static_cast<int32_t>(hq + 2 * hk);
+        constexpr auto decode = rope_kv_decode_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
+        const int grid = static_cast<int>(div_ceil<int64_t>(items, D::kGroups));
+        LaunchKernel(decode, grid, D::kBlock, 0, device, "sgljit_rope::rope_kv_decode_kernel").pdl()(
+            static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
+            static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
+            static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
+            static_cast<const LocT*>(out_loc.data_ptr()), p);
+        return;
+      }
+    }
     constexpr auto kernel = rope_kv_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
     const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p);
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kv_kernel").pdl()(
