@@ -23,6 +23,8 @@
 //    kPrefetchBlocksPerSM blocks per SM) first prefetch their rows and the weight into L2, one bulk
 //    request per row, so the first DRAM round trip overlaps that tail too (safe for data the previous
 //    kernel writes, see sgljit::prefetch_l2);
+//  * rows of at most 32 vectors (qknorm's heads) in grids of kPackMinBlocksPerSM+ blocks per SM are
+//    packed: a thread holds 2 vectors of each of 2 rows (RowConfig::kPacked), 4 loads in flight;
 //  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) take their own row groups and
 //    register budgets (NormConfig::kMany*).
 // A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
@@ -69,6 +71,9 @@ struct NormConfig {
   // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids
   // the prefetches compete with the previous kernel's loads.
   static constexpr int kPrefetchBlocksPerSM = 1;
+  // Packed rows of at most 32 vectors (qknorm's heads) from this many blocks per SM: below it (T <= 128
+  // for 32/8 heads x 128) packing was 1.03-1.25x slower, above it 0.80-0.91x (ab-qknorm-pack.md).
+  static constexpr int kPackMinBlocksPerSM = 4;
   // From this many rows, rows of 512 vectors (the fused add: 257-512) take the kMany* row groups.
   static constexpr int kManyRows = 16384;
   // ... the fused add there: 128 threads of 4 vectors per stream, 64 registers.
@@ -113,18 +118,22 @@ struct RowConfig {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
   static constexpr int kNumVec = kH / kVec;                        // vectors per row
   static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= NormConfig::kMaxVecsPerRow;
-  // Up to 32 * kTarget vectors: a power-of-two sub-warp, reduced with shuffles only.
+  // Up to 32 * kTarget vectors: a power-of-two sub-warp, reduced with shuffles only. Rows of at most 32
+  // vectors (qknorm's heads) at the 4-vector target are packed: a thread holds 2 vectors of each of 2
+  // rows (kRows), so 4 loads are in flight as in wider rows (launch_norm packs only large grids).
   // Beyond: a multi-warp group of 64..1024 threads (group_threads).
+  static constexpr bool kPacked = kValid && kNumVec <= 32 && kTarget >= 4;
+  static constexpr int kRows = kPacked ? 2 : 1;
   static constexpr int kThreads =
       !kValid                       ? 1
-      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(kNumVec))
+      : kNumVec <= 32 * kTarget     ? std::min(32, pow2_ceil(div_ceil(kNumVec, kPacked ? 2 : 1)))
                                     : group_threads(kNumVec, kTarget);
   static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
   // Within the target's bytes a thread keeps the weight in registers (loaded with the row, so both are
   // one memory round trip); wider rows (only where 1024 threads are not enough) and float32 weights of
   // 16-bit rows beyond it read the weight from L1 after the reduction, to stay within the register
-  // budget without spilling.
-  static constexpr bool kWeightInRegs = kVecsPerThread * sizeof(W) <= kTarget * sizeof(T);
+  // budget without spilling. Rows of at most 32 vectors hold at most 2 weight vectors: registers.
+  static constexpr bool kWeightInRegs = kNumVec <= 32 || kVecsPerThread * sizeof(W) <= kTarget * sizeof(T);
 };
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
@@ -222,9 +231,11 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
   using Cfg = RowConfig<T, kH, kTarget, W>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
+  constexpr int kR = Cfg::kRows;
   constexpr bool kWeightInRegs = Cfg::kWeightInRegs;
-  constexpr int kRowsPerBlock = kBlock / kTPR;
+  constexpr int kRowsPerBlock = kBlock / kTPR * kR;
   static_assert(kBlock % kTPR == 0, "a block holds whole row groups");
+  static_assert(kR == 1 || kTPR <= 32, "row groups of several rows are (sub-)warps");
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
   constexpr int kRedSlots = kBlock / 32;
   using V = AlignedVector<T, kVec>;
@@ -247,60 +258,71 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
     }
   }
 
-  // Grid = row groups, so a block runs one iteration (more only past grid.x's 2^31 - 1 blocks).
-  V x[kVPT], r[kVPT];
-  float sums[kSum ? kVPT : 1][kSum ? kVec : 1];
-  int64_t g = first;
-  int64_t row = g * kRowsPerBlock + sub;
-  bool valid = row < s.rows;
-  RowOffsets off{0, 0, 0};
+  // Grid = row groups, so a block runs one iteration (more only past grid.x's 2^31 - 1 blocks). The
+  // group's kR rows are consecutive.
+  V x[kR][kVPT], r[kFused ? kR : 1][kVPT];
+  float sums[kSum ? kR : 1][kSum ? kVPT : 1][kSum ? kVec : 1];
+  RowOffsets off[kR];
   int parity = 0;
-  for (; g < groups; g += step) {
-    const int64_t g_next = g + step;
-    const int64_t row_next = g_next * kRowsPerBlock + sub;
-    const bool valid_next = g_next < groups && row_next < s.rows;
-    if (valid) {
-      off = row_offsets(s, row);
+  for (int64_t g = first; g < groups; g += step) {
+    const int64_t row0 = (g * (kBlock / kTPR) + sub) * kR;
+    auto valid = [&](int i) { return row0 + i < s.rows; };
 #pragma unroll
-      for (int j = 0; j < kVPT; ++j) {
-        if (has(j)) {
-          load_stream(x[j], s.in + off.in + col(j));
-          if constexpr (kFused) load_stream(r[j], s.res + off.res + col(j));
+    for (int i = 0; i < kR; ++i) {
+      if (valid(i)) {
+        off[i] = row_offsets(s, row0 + i);
+#pragma unroll
+        for (int j = 0; j < kVPT; ++j) {
+          if (has(j)) {
+            load_stream(x[i][j], s.in + off[i].in + col(j));
+            if constexpr (kFused) load_stream(r[i][j], s.res + off[i].res + col(j));
+          }
         }
       }
     }
 
-    float ss = 0.0f;
-    if (valid) {
+    float ss[kR];
 #pragma unroll
-      for (int j = 0; j < kVPT; ++j) {
-        if (has(j)) {
-          if constexpr (kFused) {
+    for (int i = 0; i < kR; ++i) {
+      ss[i] = 0.0f;
+      if (valid(i)) {
+#pragma unroll
+        for (int j = 0; j < kVPT; ++j) {
+          if (has(j)) {
+            if constexpr (kFused) {
+#pragma unroll
+              for (int e = 0; e < kVec; ++e) {
+                const float sum = to_float(x[i][j][e]) + to_float(r[i][j][e]);
+                if constexpr (kSum) sums[i][j][e] = sum;
+                x[i][j][e] = from_float<T>(sum);
+              }
+              store_stream<kFused>(x[i][j], s.res + off[i].res + col(j));
+            }
 #pragma unroll
             for (int e = 0; e < kVec; ++e) {
-              const float sum = to_float(x[j][e]) + to_float(r[j][e]);
-              if constexpr (kSum) sums[j][e] = sum;
-              x[j][e] = from_float<T>(sum);
+              float f;
+              if constexpr (kSum) {
+                f = sums[i][j][e];
+              } else {
+                f = to_float(x[i][j][e]);
+              }
+              ss[i] += f * f;
             }
-            store_stream<kFused>(x[j], s.res + off.res + col(j));
-          }
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            float f;
-            if constexpr (kSum) {
-              f = sums[j][e];
-            } else {
-              f = to_float(x[j][e]);
-            }
-            ss += f * f;
           }
         }
       }
     }
-    ss = group_sum<kTPR, kBlock>(ss, red + parity * kRedSlots);
-    parity ^= 1;
-    const float inv_rms = rsqrtf(ss / static_cast<float>(kH) + eps);
-    if (valid) {
+    if constexpr (kR == 1) {
+      ss[0] = group_sum<kTPR, kBlock>(ss[0], red + parity * kRedSlots);
+      parity ^= 1;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) ss[i] = sgljit::warp_reduce_sum<kTPR>(ss[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kR; ++i) {
+      if (!valid(i)) continue;
+      const float inv_rms = rsqrtf(ss[i] / static_cast<float>(kH) + eps);
 #pragma unroll
       for (int j = 0; j < kVPT; ++j) {
         if (has(j)) {
@@ -316,17 +338,15 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
             float wf = to_float(wv[e]);
             if constexpr (kGemma) wf += 1.0f;
             if constexpr (kSum) {
-              y[e] = norm_out<T, kRound>(sums[j][e], inv_rms, wf);
+              y[e] = norm_out<T, kRound>(sums[i][j][e], inv_rms, wf);
             } else {
-              y[e] = norm_out<T, kRound>(to_float(x[j][e]), inv_rms, wf);
+              y[e] = norm_out<T, kRound>(to_float(x[i][j][e]), inv_rms, wf);
             }
           }
-          store_stream<kFused>(y, s.out + off.out + col(j));
+          store_stream<kFused>(y, s.out + off[i].out + col(j));
         }
       }
     }
-    row = row_next;
-    valid = valid_next;
   }
 }
 
@@ -338,12 +358,16 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
   using Cfg = RowConfig<T, kH, kTarget>;
   constexpr int kTPR = Cfg::kThreads;
   constexpr uint32_t kRowBytes = Cfg::kNumVec * 16;
-  const int64_t row = g * (kBlock / kTPR) + threadIdx.x / kTPR;
-  if (threadIdx.x % kTPR != 0 || row >= s.rows) return;
-  const RowOffsets o = row_offsets(s, row);
-  sgljit::prefetch_l2_bulk(s.in + o.in, kRowBytes);
-  if constexpr (kFused) sgljit::prefetch_l2_bulk(s.res + o.res, kRowBytes);
   if (g == 0 && threadIdx.x == 0) sgljit::prefetch_l2_bulk(s.weight, kRowBytes / sizeof(T) * sizeof(W));
+  const int64_t row0 = (g * (kBlock / kTPR) + threadIdx.x / kTPR) * Cfg::kRows;
+  if (threadIdx.x % kTPR != 0) return;
+#pragma unroll
+  for (int i = 0; i < Cfg::kRows; ++i) {
+    if (row0 + i >= s.rows) return;
+    const RowOffsets o = row_offsets(s, row0 + i);
+    sgljit::prefetch_l2_bulk(s.in + o.in, kRowBytes);
+    if constexpr (kFused) sgljit::prefetch_l2_bulk(s.res + o.res, kRowBytes);
+  }
 }
 
 // kThreadsPerSM: the resident threads per SM the register budget is sized for.
@@ -467,10 +491,12 @@ void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float
                  const char* name) {
   constexpr int kBlock = kBlockThreads<T, kHA, kHB, kTarget>;
   constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM>;
-  const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / RowConfig<T, kHA, kTarget>::kThreads);
+  using CA = RowConfig<T, kHA, kTarget>;
+  const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / CA::kThreads * CA::kRows);
   int64_t gb = 0;
   if constexpr (kHB > 0) {
-    if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / RowConfig<T, kHB, kTarget>::kThreads);
+    using CB = RowConfig<T, kHB, kTarget>;
+    if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / CB::kThreads * CB::kRows);
   }
   // A block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
   int grid_a = 0, grid = 0;
@@ -503,6 +529,17 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
         if (a.rows >= NormConfig::kManyRows) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM>(
               a, b, has_b, eps, device, name);
+          return;
+        }
+      }
+      // Packed rows (RowConfig::kPacked) only where their grid has NormConfig::kPackMinBlocksPerSM blocks
+      // per SM; smaller grids keep one vector of a row a thread (target 1), more threads in flight.
+      using Packed = RowConfig<T, kHA, kVecTarget<kFused>>;
+      if constexpr (Packed::kPacked) {
+        constexpr int64_t kRowsPerBlock = kBlockThreads<T, kHA, kHB, kVecTarget<kFused>> / Packed::kThreads * Packed::kRows;
+        const int64_t rows = a.rows + (has_b ? b.rows : 0);
+        if (rows < kRowsPerBlock * NormConfig::kPackMinBlocksPerSM * sgljit::num_sms(device.device_id)) {
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, 1, kThreadsPerSM>(a, b, has_b, eps, device, name);
           return;
         }
       }
