@@ -1243,9 +1243,10 @@ def test_per_token_group_torch_compile_fullgraph(backend):
 @pytest.mark.parametrize("layout", GROUP_LAYOUTS)
 @pytest.mark.parametrize(
     # bf16 g128 (8 lanes a group): 1, 2 and 4 groups per lane from about 16.9K and 33.8K groups on
-    # 132 SMs; a partial last block; 65536 x 7168 (3.7M groups). Column-major scales may take tiles
-    # of tokens x group columns: rows of 35 groups (a partial last column tile, 4 groups a lane),
-    # of 3 (2 a lane: tiles 2 columns wide, the last half out) and of 1 (4 a lane, one column)
+    # 132 SMs; a partial last block; 65536 x 7168 (3.7M groups). Column-major scales of inputs
+    # beyond the L2 (60 MiB) take tiles of tokens x group columns: rows of 35 groups (a partial last
+    # column tile, 4 groups a lane), of 3 (2 a lane: tiles 2 columns wide, the last half out) and of
+    # 1 (4 a lane, one column); odd row counts (a partial last tile row)
     "rows,hidden",
     [
         (1, 4096),
@@ -1254,9 +1255,9 @@ def test_per_token_group_torch_compile_fullgraph(backend):
         (1100, 4096),
         (4097, 7168),
         (65536, 7168),
-        (1001, 4480),
-        (8447, 384),
-        (40001, 128),
+        (8447, 4480),
+        (90001, 384),
+        (250001, 128),
     ],
     ids=lambda v: str(v),
 )

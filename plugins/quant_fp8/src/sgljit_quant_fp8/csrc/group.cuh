@@ -16,9 +16,10 @@
 // contiguous range of a row, or a few rows). Data whose pointer or row stride is not a multiple of 16
 // bytes runs the same kernel with one-element vectors. Launched with PDL; grids of up to one block per
 // SM prefetch their groups into L2 before the wait (as the rows kernel).
-// Experimental (-DGROUP_COL_TILES=1; undefined: row numbering always): where the scales' token stride
-// is 1 (column-major) and T fills a round, a block owns a tile of TT tokens x RC group columns
-// (RC = min(R, per_row) rounded down to a power of two, TT = groups-per-block x R / RC): round r takes
+// Column tiles (kTiles): where the scales' token stride is 1 (column-major) and the input exceeds the
+// L2 (smaller inputs collect their scale lines in L2 anyway, and there tiles measured slower), a block
+// owns a tile of TT tokens x RC group columns (RC = min(R, per_row) rounded down to a power of two,
+// TT = groups-per-block x R / RC): round r takes
 // column r % RC and tokens (r / RC) x groups-per-block + [0, groups-per-block), consecutive groups of a
 // warp being consecutive tokens, so its scale stores hit consecutive floats; blocks run along a tile
 // row (column tiles fastest), so a wave still reads whole rows of the input.
@@ -73,14 +74,12 @@ struct GroupArgs {
   float eps;
   bool ue8m0;
   bool prefetch;  // prefetch the block's groups into L2 before the PDL wait (16-byte vectors only)
-#if GROUP_COL_TILES
-  int tile_log2_cols;  // column tiles: log2(RC), RC group columns a tile; -1: row numbering
+  int tile_log2_cols;  // column tiles: log2(RC), RC group columns a tile
   int col_tiles;       // column tiles: tiles across a row, ceil(groups_per_row / RC)
   int rows;            // T
-#endif
 };
 
-template <typename T, typename Q, int G, int VEC, int R>
+template <typename T, typename Q, int G, int VEC, int R, bool kTiles>
 __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const GroupArgs<T> a) {
   using IO = Io<T, VEC>;
   using S = GroupShape<G, VEC>;
@@ -91,9 +90,8 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
   // the first use) and store nothing.
   int row[R], col[R];
   const T* src[R];
-#if GROUP_COL_TILES
   bool live[R];  // in range (column tiles: not a suffix of the rounds where RC < R)
-  if (a.tile_log2_cols >= 0) {
+  if constexpr (kTiles) {
     const int lc = a.tile_log2_cols;
     const int bt = blockIdx.x / a.col_tiles, bc = blockIdx.x - bt * a.col_tiles;
     const int t0 = bt * ((R * S::kPerBlock) >> lc) + threadIdx.x / L;
@@ -107,23 +105,13 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
   } else {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int gu = first + r * S::kPerBlock, gi = min(gu, a.num_groups - 1);
-      live[r] = gu < a.num_groups;
+      const int gi = min(first + r * S::kPerBlock, a.num_groups - 1);
       row[r] = gi / a.groups_per_row;
       col[r] = gi - row[r] * a.groups_per_row;
     }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) src[r] = a.in + row[r] * a.in_stride + int64_t(col[r]) * G;
-#else
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int gi = min(first + r * S::kPerBlock, a.num_groups - 1);
-    row[r] = gi / a.groups_per_row;
-    col[r] = gi - row[r] * a.groups_per_row;
-    src[r] = a.in + row[r] * a.in_stride + int64_t(col[r]) * G;
-  }
-#endif
   if constexpr (sizeof(T) * VEC == 16) {
     if (a.prefetch && lane == 0) {
 #pragma unroll
@@ -144,11 +132,11 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
   const unsigned group_mask = L == 32 ? kFullMask : ((1u << L) - 1) << (threadIdx.x % 32 & ~(L - 1));
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-#if GROUP_COL_TILES
-    if (!live[r]) continue;
-#else
-    if (first + r * S::kPerBlock >= a.num_groups) break;
-#endif
+    if constexpr (kTiles) {
+      if (!live[r]) continue;
+    } else {
+      if (first + r * S::kPerBlock >= a.num_groups) break;
+    }
     AbsMax<T, VEC> acc;
 #pragma unroll
     for (int k = 0; k < K; ++k) acc.add(x[r][k]);
@@ -231,34 +219,34 @@ struct GroupQuantFp8 {
     const int64_t target = int64_t(num_sms(dev.device_id)) * GroupConfig::kThreadsPerSm;
     static_assert(GroupConfig::kMaxRounds == 4, "launch: rounds 1, 2, 4");
     const int R = threads >= 4 * target ? 4 : threads >= 2 * target ? 2 : 1;
-#if GROUP_COL_TILES
     const int64_t rows = a.num_groups / a.groups_per_row;
-    a.rows = int(rows);
-    a.tile_log2_cols = -1;
-    a.col_tiles = 0;
     int64_t grid = div_ceil<int64_t>(a.num_groups, int64_t(R) * S::kPerBlock);
-    // Column tiles where the scales' token stride is 1 and T fills a round (fewer tokens would idle
-    // most lanes); RC the most columns up to R, a power of two dividing it.
-    if (a.scale_stride_t == 1 && rows >= S::kPerBlock) {
+    // Column tiles (see the header); RC the most columns up to R, a power of two dividing it.
+    const int64_t in_bytes = a.num_groups * int64_t(G) * int64_t(sizeof(T));
+    const bool tiles = a.scale_stride_t == 1 && rows >= S::kPerBlock &&
+                       in_bytes > device_attribute(dev.device_id, cudaDevAttrL2CacheSize);
+    if (tiles) {
       const int lc = R >= 4 && a.groups_per_row >= 4 ? 2 : R >= 2 && a.groups_per_row >= 2 ? 1 : 0;
+      a.rows = int(rows);
       a.tile_log2_cols = lc;
       a.col_tiles = int(div_ceil<int64_t>(a.groups_per_row, int64_t(1) << lc));
       grid = div_ceil<int64_t>(rows, (int64_t(R) * S::kPerBlock) >> lc) * a.col_tiles;
     }
-#else
-    const int64_t grid = div_ceil<int64_t>(a.num_groups, int64_t(R) * S::kPerBlock);
-#endif
     a.prefetch = grid <= num_sms(dev.device_id);
     auto go = [&](auto kernel) {
       LaunchKernel(kernel, dim3(grid), dim3(GroupConfig::kThreads), 0, dev, "per_token_group_quant_fp8").pdl()(a);
     };
-    if (R == 4) {
-      go(group_kernel<T, Q, G, VEC, 4>);
-    } else if (R == 2) {
-      go(group_kernel<T, Q, G, VEC, 2>);
-    } else {
-      go(group_kernel<T, Q, G, VEC, 1>);
-    }
+    auto rounds = [&](auto tiles_c) {
+      constexpr bool kTiles = decltype(tiles_c)::value;
+      if (R == 4) {
+        go(group_kernel<T, Q, G, VEC, 4, kTiles>);
+      } else if (R == 2) {
+        go(group_kernel<T, Q, G, VEC, 2, kTiles>);
+      } else {
+        go(group_kernel<T, Q, G, VEC, 1, kTiles>);
+      }
+    };
+    tiles ? rounds(std::true_type{}) : rounds(std::false_type{});
   }
 };
 

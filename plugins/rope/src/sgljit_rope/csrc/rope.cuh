@@ -16,8 +16,8 @@
 // apply_rope launches a block per `kGroups` items and lets the hardware scheduler overlap blocks;
 // the KV kernel's grid is persistent: at most as many blocks as fit on the GPU at once, striding
 // over items. A thread steps its (token, chunk) by the grid's stride's quotient and remainder,
-// host-divided (no 64-bit division per item). Experimental (ROPE_KV_DECODE=1): up to 256 tokens
-// take rope_kv_decode_kernel instead, a head per lane group and no index-dependent load but cos/sin.
+// host-divided (no 64-bit division per item). Up to 256 tokens (decode) the KV variant takes
+// rope_kv_decode_kernel instead: a head per lane group, no index-dependent load but cos/sin.
 //
 // Programmatic dependent launch: each kernel waits for the previous kernel on the stream
 // (pdl_wait) before its first global memory access, then lets the next one be scheduled; small
@@ -95,14 +95,8 @@ struct RopeKVConfig {
   static constexpr int kMinBlocks = 768 / kBlock > 0 ? 768 / kBlock : 1;  // 3/8 occupancy
 };
 
-// Experimental (ROPE_KV_DECODE=1; undefined: off): the KV variant's decode kernel, for up to
-// kMaxTokens tokens (rope_kv_decode_kernel). ROPE_KV_DECODE_PREFETCH=0 drops its L2 prefetch.
-#ifndef ROPE_KV_DECODE
-#define ROPE_KV_DECODE 0
-#endif
-#ifndef ROPE_KV_DECODE_PREFETCH
-#define ROPE_KV_DECODE_PREFETCH 1
-#endif
+// The KV variant's decode kernel (rope_kv_decode_kernel), for up to kMaxTokens tokens: at T=1-256 it
+// took 0.57-0.75x the persistent kernel's time (ab-rope-kv-decode.md).
 template <int ROT, int VEC>
 struct RopeKVDecodeConfig {
   using G = Geometry<ROT, VEC>;
@@ -111,7 +105,6 @@ struct RopeKVDecodeConfig {
   static constexpr int kGroups = G::groups_for(kBlockTarget);
   static constexpr int kBlock = G::kLanes * kGroups;
   static constexpr int kHeldVecs = 8;  // copy vectors a lane loads before its index arrives (registers)
-  static constexpr bool kPrefetch = ROPE_KV_DECODE_PREFETCH != 0;  // L2 prefetch before the PDL wait
 };
 
 struct RopeParams {
@@ -500,7 +493,7 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
 }
 
 // ------------------------------------------------------------------------------------------------
-// The KV variant at decode sizes (ROPE_KV_DECODE). A lane group owns one head (q, k + store or v
+// The KV variant at decode sizes. A lane group owns one head (q, k + store or v
 // copy) of one token: the grid is an item per group, not persistent. Before the PDL wait each lane
 // prefetches into L2 the lines it will read that do not depend on an index (its head's vectors,
 // the token's position and out_loc); after it, the head's vectors, the position and out_loc are
@@ -615,11 +608,9 @@ __global__ void __launch_bounds__(RopeKVDecodeConfig<ROT, VEC>::kBlock)
 
   if (h < p.q_heads) {  // q: rotated in place (out-of-range position: untouched)
     T* src = q + t * p.q_stride_t + h * p.q_stride_h;
-    if constexpr (C::kPrefetch) {
-      prefetch_l2(src + off1);
-      prefetch_l2(src + off2);
-      if (lane == 0) prefetch_l2(positions + t);
-    }
+    prefetch_l2(src + off1);
+    prefetch_l2(src + off2);
+    if (lane == 0) prefetch_l2(positions + t);
     pdl_wait();  // every input may be written by the previous kernel
     pdl_launch_dependents();
     Vec a, b;
@@ -636,14 +627,12 @@ __global__ void __launch_bounds__(RopeKVDecodeConfig<ROT, VEC>::kBlock)
   } else if (h < p.q_heads + p.k_heads) {  // k: rotated into k_cache (unrotated if no row)
     const int hk = h - p.q_heads;
     KT* src = k + t * p.k_stride_t + hk * p.k_stride_h;
-    if constexpr (C::kPrefetch) {
-      prefetch_l2(src + off1);
-      prefetch_l2(src + off2);
-      Tail::prefetch(src, lane);
-      if (lane == 0) {
-        prefetch_l2(positions + t);
-        prefetch_l2(out_loc + t);
-      }
+    prefetch_l2(src + off1);
+    prefetch_l2(src + off2);
+    Tail::prefetch(src, lane);
+    if (lane == 0) {
+      prefetch_l2(positions + t);
+      prefetch_l2(out_loc + t);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -672,10 +661,8 @@ __global__ void __launch_bounds__(RopeKVDecodeConfig<ROT, VEC>::kBlock)
   } else {  // v: copied into v_cache
     const int hv = h - p.q_heads - p.k_heads;
     const T* src = v + t * p.v_stride_t + hv * p.v_stride_h;
-    if constexpr (C::kPrefetch) {
-      Whole::prefetch(src, lane);
-      if (lane == 0) prefetch_l2(out_loc + t);
-    }
+    Whole::prefetch(src, lane);
+    if (lane == 0) prefetch_l2(out_loc + t);
     pdl_wait();
     pdl_launch_dependents();
     Whole whole;
@@ -871,7 +858,7 @@ struct RopeKVLaunch {
     p.num_slots = slots;
     if (n == 0) return;
     const DLDevice device = q.device();
-    if constexpr (ROPE_KV_DECODE != 0) {
+    {
       using D = RopeKVDecodeConfig<ROT, VEC>;
       const int64_t items = n * (hq + 2 * hk);  // a head an item
       if (n <= D::kMaxTokens && items < (int64_t{1} << 31)) {
