@@ -22,6 +22,8 @@
 #                    spaces: 'bench:norm:--tokens 1,65536 --providers sgljit,liger')
 #   jit              python3 benchmarks/bench_jit.py          (jit:ARGS likewise, e.g. 'jit:--repeats 3')
 #   check            sgljit check
+#   memcheck         compute-sanitizer --tool memcheck over every op's CUDA conformance cases (the
+#                    spec's check cases: odd widths, one token, strided rows), non-zero on any error
 #   sh:COMMAND       any shell command (quote it)
 # A failing step does not stop later ones; the script exits non-zero if any step failed.
 # Per-step wall limit: STEP_TIMEOUT seconds (default: none).
@@ -190,6 +192,10 @@ for step in "$@"; do
             run_step "$step" python3 benchmarks/bench_jit.py ${step#jit:}
             ;;
         check) run_step "$step" sgljit check ;;
+        memcheck)
+            # Builds first (outside the sanitizer), so the sanitized run only loads modules.
+            run_step "$step" bash -c 'python3 -m pytest -q -p no:cacheprovider tests/plugins/test_conformance.py -k "cuda and numerics" >/dev/null 2>&1; compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 python3 -m pytest -q -p no:cacheprovider tests/plugins/test_conformance.py -k "cuda and numerics"'
+            ;;
         sh:*) run_step "$step" bash -c "${step#sh:}" ;;
         *) run_step "$step" bash -c "echo 'unknown step: $step'; exit 2" ;;
     esac
