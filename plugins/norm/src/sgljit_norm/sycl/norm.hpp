@@ -3,45 +3,19 @@
 //
 //   y = x * rsqrt(mean(x^2) + eps) * (w + w_offset)     fp32 math, one cast; w_offset 1 for Gemma
 //
-// Specialized with -D macros: SGLJIT_T (element type), NORM_W (the weight's: SGLJIT_T or fp32_t), NORM_ROUND
-// (x * rsqrt(...) rounded to SGLJIT_T before the weight multiply, as Hugging Face's LlamaRMSNorm; the fused add
-// then normalizes the float32 sum, as sglang's cast_x_before_out_mul), NORM_HIDDEN
-// (row width), NORM_VEC (elements per access; NORM_HIDDEN % NORM_VEC == 0, rows and weight aligned to NORM_VEC
-// elements), NORM_WG (work-items per row, a multiple of 16). The host launches rows * NORM_WG work-items in
-// work-groups of NORM_WG; row r of a set is at (r / inner) * s0 + (r % inner) * s1 elements.
-#include <sgljit/sycl/kernel.hpp>
+// Specialized with -D macros: those of norm_row.hpp, and NORM_ROUND (x * rsqrt(...) rounded to SGLJIT_T
+// before the weight multiply, as Hugging Face's LlamaRMSNorm; the fused add then normalizes the float32
+// sum, as sglang's cast_x_before_out_mul). The host launches rows * NORM_WG work-items in work-groups of
+// NORM_WG; row r of a set is at (r / inner) * s0 + (r % inner) * s1 elements.
+#include "norm_row.hpp"
 
-#ifndef NORM_HIDDEN
-#error "norm.hpp: compile with -DHIDDEN=<row width>"
-#endif
-#ifndef NORM_VEC
-#define NORM_VEC 1
-#endif
-#ifndef NORM_WG
-#define NORM_WG 64
-#endif
-#ifndef NORM_W
-#define NORM_W SGLJIT_T
-#endif
 #ifndef NORM_ROUND
 #define NORM_ROUND false
 #endif
 
-using T = sgljit::scalar_t;
-using W = sgljit::NORM_W;  // -DNORM_W=fp32_t names sgljit::fp32_t, as SGLJIT_T does
-
 namespace sgljit_norm {
 
-constexpr int kH = NORM_HIDDEN;
-constexpr int kVec = NORM_VEC;
-constexpr int kWG = NORM_WG;
-static_assert(kH % kVec == 0, "NORM_HIDDEN must be a multiple of NORM_VEC");
-static_assert(kWG % 16 == 0, "NORM_WG must be a multiple of the sub-group size");
-constexpr int kNumVec = kH / kVec;
-constexpr int kPerItem = (kNumVec + kWG - 1) / kWG;
 constexpr bool kRound = NORM_ROUND;
-using V = sgljit::AlignedVector<T, kVec>;
-using WV = sgljit::AlignedVector<W, kVec>;
 
 inline int64_t row_offset(int64_t row, int64_t inner, int64_t s0, int64_t s1) {
   const int64_t o = row / inner;
@@ -54,39 +28,9 @@ template <bool kFused, bool kRounds = kRound>
 inline void norm_row(const T* in, T* out, T* res, const W* w, float w_offset, float eps) {
   constexpr bool kSum = kFused && kRounds;  // the float32 sums are normalized: kept beside the row
   const int lid = static_cast<int>(syclext::this_work_item::get_nd_item<1>().get_local_id(0));
-  V x[kPerItem];
-  float sums[kSum ? kPerItem : 1][kSum ? kVec : 1];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPerItem; ++j) {
-    const int c = j * kWG + lid;
-    if (c < kNumVec) {
-      x[j].load(in + c * kVec);
-      if constexpr (kFused) {
-        V r;
-        r.load(res + c * kVec);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          const float sum = sgljit::to_float(x[j][e]) + sgljit::to_float(r[e]);
-          if constexpr (kSum) sums[j][e] = sum;
-          x[j][e] = sgljit::from_float<T>(sum);
-        }
-        x[j].store(res + c * kVec);
-      }
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        float f;
-        if constexpr (kSum) {
-          f = sums[j][e];
-        } else {
-          f = sgljit::to_float(x[j][e]);
-        }
-        ss += f * f;
-      }
-    }
-  }
-  ss = sgljit::work_group_reduce_sum(ss);
-  const float inv_rms = sycl::rsqrt(ss / static_cast<float>(kH) + eps);
+  V x[kSlots];
+  float sums[kSum ? kSlots : 1][kSum ? kVec : 1];
+  const float inv_rms = load_row<kFused, kSum>(in, res, x, sums, eps);
 #pragma unroll
   for (int j = 0; j < kPerItem; ++j) {
     const int c = j * kWG + lid;

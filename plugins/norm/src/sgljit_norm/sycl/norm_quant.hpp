@@ -8,39 +8,21 @@
 //   per token: scale = max(absmax(y of the row) / fp8_max, 2^-126), written to scales[row]
 //   fused: res <- in + res (rounded to T) first, and the row is that sum; in is only read.
 //
-// Specialized with -D macros: SGLJIT_T (element type), NQ_FP8 (fp8_e4m3_t or fp8_e5m2_t), NORM_HIDDEN
-// (row width; 0: no elements, a dynamic scale of 2^-126), NORM_VEC (elements per load; rows and weight
-// NORM_VEC-aligned), NORM_WG (work-items per row, a multiple of 16). The host launches rows * NORM_WG
-// work-items in work-groups of NORM_WG.
-#include <sgljit/sycl/fp8.hpp>
-#include <sgljit/sycl/kernel.hpp>
+// Specialized with -D macros: those of norm_row.hpp (NORM_HIDDEN 0: no elements, a dynamic scale of
+// 2^-126; the weight has the element type) and NQ_FP8 (fp8_e4m3_t or fp8_e5m2_t). The host launches
+// rows * NORM_WG work-items in work-groups of NORM_WG.
+#include "norm_row.hpp"
 
-#ifndef NORM_HIDDEN
-#error "norm_quant.hpp: compile with -DNORM_HIDDEN=<row width>"
-#endif
+#include <sgljit/sycl/fp8.hpp>
+
 #ifndef NQ_FP8
 #error "norm_quant.hpp: compile with -DNQ_FP8=fp8_e4m3_t or fp8_e5m2_t"
 #endif
-#ifndef NORM_VEC
-#define NORM_VEC 1
-#endif
-#ifndef NORM_WG
-#define NORM_WG 64
-#endif
-
-using T = sgljit::scalar_t;
 
 namespace sgljit_norm_quant {
 
+using namespace sgljit_norm;
 using Q = sgljit::NQ_FP8;
-constexpr int kH = NORM_HIDDEN;
-constexpr int kVec = NORM_VEC;
-constexpr int kWG = NORM_WG;
-static_assert(kH >= 0 && kH % kVec == 0, "NORM_HIDDEN must be a multiple of NORM_VEC");
-static_assert(kWG % 16 == 0, "NORM_WG must be a multiple of the sub-group size");
-constexpr int kNumVec = kH / kVec;
-constexpr int kPerItem = (kNumVec + kWG - 1) / kWG;
-using V = sgljit::AlignedVector<T, kVec>;
 
 // One row. kFused: res <- in + res first; kDynamic: the scale from the row (stored to *scale_out),
 // else *scale_in.
@@ -49,31 +31,9 @@ inline void norm_quant_row(const T* in, T* res, const T* w, uint8_t* out, const 
                            float eps) {
   const auto it = syclext::this_work_item::get_nd_item<1>();
   const int lid = static_cast<int>(it.get_local_id(0));
-  V x[kPerItem > 0 ? kPerItem : 1];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPerItem; ++j) {
-    const int c = j * kWG + lid;
-    if (c < kNumVec) {
-      x[j].load(in + c * kVec);
-      if constexpr (kFused) {
-        V r;
-        r.load(res + c * kVec);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          x[j][e] = sgljit::from_float<T>(sgljit::to_float(x[j][e]) + sgljit::to_float(r[e]));
-        }
-        x[j].store(res + c * kVec);
-      }
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float f = sgljit::to_float(x[j][e]);
-        ss += f * f;
-      }
-    }
-  }
-  ss = sgljit::work_group_reduce_sum(ss);
-  const float inv_rms = sycl::rsqrt(ss / static_cast<float>(kH) + eps);
+  V x[kSlots];
+  float no_sums[1][1];
+  const float inv_rms = load_row<kFused, false>(in, res, x, no_sums, eps);
   auto y = [&](int j, const V& wv, int e) { return sgljit::to_float(x[j][e]) * inv_rms * sgljit::to_float(wv[e]); };
 
   float s;
