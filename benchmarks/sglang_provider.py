@@ -180,6 +180,16 @@ def load_apply_rope() -> Fn:
     return lambda i: f(i["q"], i["k"], i["cache"], i["pos"], is_neox=i["is_neox"])
 
 
+def prepare_rotary_views(i: Inputs) -> Inputs:
+    """Partial rotary (cache narrower than the head): ``apply_rope_inplace`` takes q and k of the
+    rope dim's width, so it is given views of the first ``rotary_dim`` dims of each head (the same
+    memory and the same work as sgljit's; the rest of each head is left as it is)."""
+    rot = i["cache"].shape[-1]
+    if rot == i["q"].shape[-1]:
+        return i
+    return {**i, "q": i["q"][..., :rot], "k": i["k"][..., :rot]}
+
+
 def prepare_kv_cache_2d(i: Inputs) -> Inputs:
     """sglang's fused store takes caches ``[slots, Hk * D]`` only: 2-D views of the same memory."""
     return {**i, "k_cache": i["k_cache"].flatten(1), "v_cache": i["v_cache"].flatten(1)}
