@@ -1,8 +1,9 @@
 """FP8 quantization: per-tensor dynamic, per-tensor static, per-token, per-token-group (bf16 ->
 float8_e4m3fn).
 
-    python3 benchmarks/bench_quant_fp8.py              # on a CUDA GPU
-    python3 benchmarks/bench_quant_fp8.py --dry-run    # wiring check on the CPU
+    python3 benchmarks/bench_quant_fp8.py                  # on a CUDA GPU; writes quant_fp8.md
+    python3 benchmarks/bench_quant_fp8.py --grid models    # real models' widths: quant_fp8-models.md
+    python3 benchmarks/bench_quant_fp8.py --dry-run        # wiring check on the CPU
 
 Providers: sgljit, torch eager and torch.compile of the same PyTorch formula
 (``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, scale ``max(absmax / 448, 2^-126)``),
@@ -14,6 +15,13 @@ strides (1, T rounded up to 4)): sgljit, torch eager and torch.compile of the sa
 ``max(absmax(group) / 448, eps)``; the column-major result is transposed by ``.t().contiguous()``),
 and sglang-jit's ``per_token_group_quant_8bit`` writing the same scales tensor (its scale is
 ``max(absmax, eps) / 448``: the same for these inputs).
+
+Shapes (bf16 input), --grid default: per-tensor and per-token at H=4096, T in TOKENS; per-token-group
+at H in GROUP_HIDDEN (4096, 7168), T in GROUP_TOKENS. --grid models: the widths of real GEMM inputs
+(MODEL_HIDDENS: hidden and MLP intermediate sizes) at MODEL_TOKENS; per-token-group over the widths
+block-quantized checkpoints feed their GEMMs (MODEL_GROUP_HIDDENS: DeepSeek-V3's and Qwen3's), both
+scale layouts. --grid quick: a few of each (QUICK_*), for A/B runs.
+
 Bytes: input read once, fp8 output and scale(s) written once. The dynamic per-tensor op must read
 the input twice in general (absmax, then quantize); that second read is *not* counted, so its GB/s
 is against one read (sgljit keeps up to ~29 MB of it on chip: shared memory + L2).
@@ -30,6 +38,14 @@ HIDDEN = 4096
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 2.0**-126
+# --grid models: widths of GEMM inputs that get quantized (fp8 activations): 2048 (DeepSeek-V3's MoE
+# expert intermediate, Qwen3-1.7B hidden), 4096 (Llama-3-8B / Qwen3-8B hidden), 5120 (Qwen3-14B/32B
+# hidden), 7168 (DeepSeek-V3 hidden), 8192 (Llama-3-70B hidden), 12288 (Qwen3-8B intermediate),
+# 14336 (Llama-3-8B / Mistral-7B intermediate), 18432 (DeepSeek-V3's dense-layer intermediate).
+MODEL_HIDDENS = (2048, 4096, 5120, 7168, 8192, 12288, 14336, 18432)
+MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
+QUICK_HIDDENS = (4096, 7168, 14336)
+QUICK_TOKENS = (1, 128, 4096, 65536)
 
 
 def make_case(tokens: int, hidden: int, dtype: torch.dtype, kind: str) -> Case:
@@ -57,6 +73,12 @@ GROUP_TOKENS = (1, 128, 1024, 4096, 16384, 65536)
 GROUP_HIDDEN = (4096, 7168)
 GROUP_SIZE = 128
 GROUP_EPS = 1e-10  # sglang's default
+# --grid models, per-token-group (128-wide blocks, as DeepSeek-V3 and Qwen3's FP8 checkpoints quantize
+# activations): DeepSeek-V3's 1536 (q_lora_rank: q_b_proj's input), 2048 (MoE expert intermediate),
+# 7168 (hidden), 16384 (128 heads x 128: o_proj's input), 18432 (dense intermediate); Qwen3-8B's
+# 4096 and Qwen3-14B/32B's 5120 (hidden).
+MODEL_GROUP_HIDDENS = (1536, 2048, 4096, 5120, 7168, 16384, 18432)
+QUICK_GROUP_HIDDENS = (2048, 7168, 18432)
 
 
 def group_scales(tokens: int, groups: int, device, column_major: bool) -> torch.Tensor:
@@ -157,12 +179,22 @@ def load_per_token_group():
     return fn
 
 
-def ops() -> list[Op]:
+def ops(grid: str = "default") -> list[Op]:
+    if grid == "default":
+        hiddens, tokens = (HIDDEN,), TOKENS
+        group_hiddens, group_tokens = GROUP_HIDDEN, GROUP_TOKENS
+    elif grid == "quick":
+        hiddens, tokens = QUICK_HIDDENS, QUICK_TOKENS
+        group_hiddens, group_tokens = QUICK_GROUP_HIDDENS, QUICK_TOKENS
+    else:
+        hiddens, tokens = MODEL_HIDDENS, MODEL_TOKENS
+        group_hiddens, group_tokens = MODEL_GROUP_HIDDENS, MODEL_TOKENS
+
     def cases(kind):
-        return [make_case(t, HIDDEN, torch.bfloat16, kind) for t in TOKENS]
+        return [make_case(t, h, torch.bfloat16, kind) for h in hiddens for t in tokens]
 
     def group_cases(column_major):
-        return [make_group_case(t, h, column_major) for h in GROUP_HIDDEN for t in GROUP_TOKENS]
+        return [make_group_case(t, h, column_major) for h in group_hiddens for t in group_tokens]
 
     def group_providers():
         return [
@@ -205,4 +237,4 @@ def ops() -> list[Op]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_family("quant_fp8", ops()))
+    sys.exit(run_family("quant_fp8", ops))
