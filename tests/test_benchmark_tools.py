@@ -176,3 +176,36 @@ def test_bench_norm_runs_the_rmsnorm_quant_ops_dry():
         assert f"## {name}" in proc.stdout
     assert proc.stdout.count("| sgljit-unfused |") == len(QUANT_OPS), proc.stdout
     assert "failed" not in proc.stdout, proc.stdout
+
+
+# Cases per op of each family's --grid default: the shapes the committed result tables were made with
+DEFAULT_GRID_CASES = {
+    "rope": {"apply_rope": 16, "apply_rope_with_kv_cache": 11, "qknorm_rope": 21},
+    "quant_fp8": {
+        "per_tensor_dynamic": 9,
+        "per_tensor_static": 9,
+        "per_token": 9,
+        "per_token_group": 12,
+        "per_token_group_col_major": 12,
+    },
+    "timestep_embedding": {"timestep_embedding": 18},
+}
+
+
+@pytest.mark.parametrize("family", sorted(DEFAULT_GRID_CASES))
+def test_family_grids_have_the_same_ops_and_quick_is_part_of_models(family):
+    import importlib
+
+    bench = importlib.import_module(f"bench_{family}")
+    grids = {g: {op.name: op for op in bench.ops(g)} for g in harness.GRIDS}
+    assert {n: len(op.cases) for n, op in grids["default"].items()} == DEFAULT_GRID_CASES[family]
+    for g in ("models", "quick"):
+        assert grids[g].keys() == grids["default"].keys()
+        for name, op in grids[g].items():
+            assert [p.name for p in op.providers] == [
+                p.name for p in grids["default"][name].providers
+            ]
+    for name, op in grids["quick"].items():
+        models = {(c.series, c.tokens) for c in grids["models"][name].cases}
+        assert {(c.series, c.tokens) for c in op.cases} <= models, name
+        assert 0 < len(op.cases) < len(models), name
