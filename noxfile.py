@@ -73,6 +73,8 @@ def tests_cuda(session: nox.Session) -> None:
         _install_project(session)
     else:
         session.install(*TEST_DEPS, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+    # The declared modules and every check case's, in parallel, before the tests need them one by one.
+    session.run("sgljit", "build", "--cases", "--jobs", str(os.cpu_count() or 1))
     session.run("pytest", "-m", "not sycl", "--ignore=tests/test_wheels.py", *session.posargs)
 
 

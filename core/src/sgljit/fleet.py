@@ -31,8 +31,11 @@ __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "pre
 BACKENDS = ("cuda", "sycl")
 
 
-def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], list[str]]:
-    """(jobs, problems): every declared specialization of the selected plugins for ``backend``."""
+def prebuild_jobs(
+    plugins: list[str] | None, backend: str, *, cases: bool = False
+) -> tuple[list[dict], list[str]]:
+    """(jobs, problems): every declared specialization of the selected plugins for ``backend``
+    (``cases``: and the modules of their ops' check cases)."""
     from .plugins import discover
 
     jobs, problems = [], []
@@ -51,7 +54,7 @@ def prebuild_jobs(plugins: list[str] | None, backend: str) -> tuple[list[dict], 
         if not target:
             continue
         try:
-            specs = load_target(target).prebuild_specs(backend)
+            specs = load_target(target).prebuild_specs(backend, cases=cases)
         except Exception as err:
             problems.append(
                 f"plugin {name!r}: {target}.prebuild_specs({backend!r}) failed: "
@@ -95,10 +98,13 @@ def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
         return False, f"{type(err).__name__}: {err}", time.perf_counter() - started
 
 
-def build_all(plugins: list[str] | None, backend: str, arch: str | None, jobs: int) -> int:
-    """Compile every declared specialization into the cache; 0 when all built."""
+def build_all(
+    plugins: list[str] | None, backend: str, arch: str | None, jobs: int, *, cases: bool = False
+) -> int:
+    """Compile every declared specialization (``cases``: and every check case's module) into the
+    cache; 0 when all built."""
     env = {"SGLJIT_NO_COMPILE": "0"}
-    work, problems = prebuild_jobs(plugins, backend)
+    work, problems = prebuild_jobs(plugins, backend, cases=cases)
     archs = (arch or "").split() if backend == "cuda" else []
     if len(archs) > 1:
         # One module per architecture: a serving host looks up its own GPU's architecture alone.
@@ -155,7 +161,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     backends = BACKENDS if args.backend == "all" else (args.backend,)
     status = 0
     for backend in backends:
-        status |= build_all(args.plugin or None, backend, args.arch, args.jobs)
+        status |= build_all(args.plugin or None, backend, args.arch, args.jobs, cases=args.cases)
     return status
 
 
@@ -167,6 +173,12 @@ def add_build_parser(sub: Any) -> None:
         "--arch", help='CUDA architectures, e.g. "9.0a 10.0a" (default: this GPU\'s)'
     )
     build.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds")
+    build.add_argument(
+        "--cases",
+        action="store_true",
+        help="also the modules of every op's check cases (what the conformance suite and "
+        "`sgljit check` run), so a test session finds them built",
+    )
     build.set_defaults(fn=cmd_build)
 
 

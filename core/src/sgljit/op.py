@@ -716,20 +716,30 @@ class Family:
         return found
 
     # -- fleet and checks ------------------------------------------------------------------------
-    def prebuild_specs(self, backend: str) -> list[dict]:
+    def prebuild_specs(self, backend: str, *, cases: bool = False) -> list[dict]:
         """Every specialization the ops declare for ``backend``, one per module (``sgljit build``):
-        ``{"op": name, **key}`` with dtypes by name."""
+        ``{"op": name, **key}`` with dtypes by name. ``cases``: also the modules the ops' check
+        cases need (what the conformance suite and ``sgljit check`` run; ``sgljit build --cases``),
+        their keys computed from the cases' arguments made on the CPU."""
         if backend not in ("cuda", "sycl"):
             raise ValueError(f"prebuild_specs: backend must be 'cuda' or 'sycl', got {backend!r}")
         specs, seen = [], set()
-        for op in self.ops.values():
+
+        def add(op: Op, key: Mapping[str, Any]) -> None:
             kernel = getattr(op, backend)
+            module = (kernel.module or op.name) if kernel else op.name
+            ident = (module, tuple((k, _cpp_literal(v)) for k, v in key.items()))
+            if ident not in seen:
+                seen.add(ident)
+                specs.append({"op": op.name, **{k: _plain(v) for k, v in key.items()}})
+
+        for op in self.ops.values():
             for key in op.prebuild.get(backend, ()):
-                module = (kernel.module or op.name) if kernel else op.name
-                ident = (module, tuple((k, _cpp_literal(v)) for k, v in key.items()))
-                if ident not in seen:
-                    seen.add(ident)
-                    specs.append({"op": op.name, **{k: _plain(v) for k, v in key.items()}})
+                add(op, key)
+        if cases:
+            for op in self.ops.values():
+                for key in _case_keys(op, backend):
+                    add(op, key)
         return specs
 
     def prebuild(self, backend: str, op: str, **key: Any):
@@ -758,6 +768,24 @@ class Family:
             for op in self.ops.values()
             for case in op.cases
         ]
+
+
+def _case_keys(op: Op, backend: str) -> list[Mapping[str, Any]]:
+    """The module keys of ``op``'s check cases on ``backend`` (arguments made on the CPU: keys read
+    dtypes and sizes). A case whose key cannot be computed there (an argument the key refuses) is
+    left to build when it runs."""
+    kernel = getattr(op, backend)
+    if kernel is None:
+        return []
+    keys = []
+    for case in op.cases:
+        try:
+            args = case.make(torch.device("cpu"))
+            key = kernel.key(*args)
+            keys.append(kernel.params_of(key) if backend == "cuda" else dict(key))
+        except Exception:  # a case the key refuses builds (and fails) when it runs
+            continue
+    return keys
 
 
 def _plain(value: Any) -> Any:
