@@ -40,7 +40,7 @@ __all__ = [
 
 family = Family("norm", __file__)
 HEAD_DIMS = (64, 128, 256, 512, 1024)
-# csrc/norm.cuh NormConfig::kMaxVecsPerRow and csrc/norm_quant.cuh NormQuantConfig::kMaxVecsPerRow
+# csrc/norm.cuh NormConfig::kMaxVecsPerRow (norm_quant.cuh's rows too)
 _MAX_VECS_PER_ROW = 4096
 FP8_DTYPES = reference.FP8_DTYPES
 _FLEET_DTYPES = (torch.bfloat16, torch.float16)
@@ -462,7 +462,7 @@ def _quant_sycl_key(input, out, *read) -> dict:
 
 
 def _span(t: torch.Tensor) -> tuple | None:
-    """(first byte, end, row stride, row bytes, rows) of t's elements (csrc/norm_quant.cuh span_of)."""
+    """(first byte, end, row stride, row bytes, rows) of t's elements (sgljit/tensor.h byte_span)."""
     if t.numel() == 0:
         return None
     item = t.element_size()
@@ -475,7 +475,7 @@ def _span(t: torch.Tensor) -> tuple | None:
 
 def _may_share(a: tuple | None, b: tuple | None) -> bool:
     """Whether two spans may share bytes: they meet, unless both are rows of one stride that sit
-    side by side in each row (csrc/norm_quant.cuh may_share)."""
+    side by side in each row (sgljit/tensor.h may_share)."""
     if a is None or b is None or a[1] <= b[0] or b[1] <= a[0]:
         return False
     if a[4] > 1 and b[4] > 1 and a[2] == b[2] and a[2] > 0:

@@ -64,6 +64,9 @@ inline int device_attribute(int device_id, cudaDeviceAttr attr) {
 
 inline int num_sms(int device_id) { return device_attribute(device_id, cudaDevAttrMultiProcessorCount); }
 
+// The L2 cache's bytes: what decides whether an output is stored streaming or a tail kept for a re-read.
+inline int l2_bytes(int device_id) { return device_attribute(device_id, cudaDevAttrL2CacheSize); }
+
 // Runs f() (a runtime call returning cudaError_t) with `device_id` current, then makes the caller's
 // device current again; returns the first error.
 template <typename F>

@@ -446,24 +446,59 @@ class TensorMatcher {
   std::optional<DLDeviceType> device_type_;
 };
 
+// The bytes [begin, end) a tensor's elements lie in (empty: begin == end) and, for a 2-D tensor, its
+// rows (in bytes: stride and width; 0 and the whole span otherwise): what overlap checks compare.
+struct ByteSpan {
+  uintptr_t begin, end;
+  int64_t row_stride, row_bytes, rows;
+};
+
+inline ByteSpan byte_span(const TensorView& t) {
+  const int64_t item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  int64_t last = 0;
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.size(i) == 0) return {begin, begin, 0, 0, 0};
+    last += (t.size(i) - 1) * t.stride(i);
+  }
+  const int64_t rows = t.ndim() == 2 ? t.size(0) : 1;
+  const int64_t row_bytes = t.ndim() == 2 ? t.size(1) * item : (last + 1) * item;
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * item), t.ndim() == 2 ? t.stride(0) * item : 0, row_bytes,
+          rows};
+}
+
+// Whether two non-empty spans meet.
+inline bool spans_meet(const ByteSpan& a, const ByteSpan& b) {
+  return a.begin != a.end && b.begin != b.end && a.begin < b.end && b.begin < a.end;
+}
+
+// Whether two tensors' spans may share bytes: they meet, unless both are rows of one stride that sit
+// side by side in each row (e.g. two column slices of one buffer).
+inline bool may_share(const ByteSpan& a, const ByteSpan& b) {
+  if (!spans_meet(a, b)) return false;
+  if (a.rows > 1 && b.rows > 1 && a.row_stride == b.row_stride && a.row_stride > 0) {
+    const int64_t s = a.row_stride;
+    const int64_t d = ((static_cast<int64_t>(b.begin - a.begin) % s) + s) % s;  // b's row start within a's row period
+    return !(d >= a.row_bytes && d + b.row_bytes <= s);
+  }
+  return true;
+}
+
 // Two tensors one call writes must not share memory (the kernels' writes would race). Refused when
 // both are contiguous and their byte ranges meet; ranges of strided views may interleave without
 // sharing an element (q and k heads of one qkv buffer), so those are accepted.
 inline void check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
-  auto range = [](const TensorView& t, uintptr_t& lo, uintptr_t& hi) {
-    int64_t last = 0;
-    for (int64_t i = 0; i < t.ndim(); ++i) {
-      if (t.size(i) == 0) return false;
-      last += (t.size(i) - 1) * t.stride(i);
-    }
-    lo = reinterpret_cast<uintptr_t>(t.data_ptr());
-    hi = lo + static_cast<uintptr_t>(last + 1) * ((t.dtype().bits * t.dtype().lanes + 7) / 8);
-    return true;
-  };
-  uintptr_t a_lo, a_hi, b_lo, b_hi;
-  if (!range(a, a_lo, a_hi) || !range(b, b_lo, b_hi) || a_hi <= b_lo || b_hi <= a_lo) return;
+  if (!spans_meet(byte_span(a), byte_span(b))) return;
   SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()), b_name, ": shares memory with ", a_name,
                " (sgljit writes both); pass separate tensors");
+}
+
+// A module compiled for one element type refuses a tensor of another: "<name>: this module was
+// compiled for <noun><Want's dtype>, got <t's dtype>" (noun: "dtype " where an op's messages say so).
+template <typename Want>
+inline void check_module_dtype(const TensorView& t, const char* name, const char* noun = "") {
+  SGLJIT_CHECK(same_dtype(t.dtype(), DTypeTrait<Want>::value), name, ": this module was compiled for ", noun,
+               DTypeTrait<Want>::name, ", got ", dtype_name(t.dtype()));
 }
 
 }  // namespace sgljit

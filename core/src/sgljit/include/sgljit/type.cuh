@@ -40,4 +40,10 @@ SGLJIT_DEVICE __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) { return __nv_fp8
 template <>
 SGLJIT_DEVICE __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) { return __nv_fp8_e5m2(x); }
 
+// x rounded to T and read back as fp32: the value a kernel that stores x as T hands the next one.
+template <typename T>
+SGLJIT_DEVICE float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
 }  // namespace sgljit

@@ -32,6 +32,14 @@ SGLJIT_HOST_DEVICE constexpr T div_ceil(T a, T b) {
   return (a + b - 1) / b;
 }
 
+// The smallest power of two >= x (1 for x <= 1): lane and thread counts of power-of-two groups.
+template <typename T>
+SGLJIT_HOST_DEVICE constexpr T pow2_ceil(T x) {
+  T p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
 namespace detail {
 template <typename... Args>
 std::string concat(Args&&... args) {

@@ -46,13 +46,13 @@
 #include <algorithm>
 #include <numeric>
 #include <cstdint>
-#include <cstring>
 
 namespace sgljit_norm {
 
 using sgljit::AlignedVector;
 using sgljit::div_ceil;
 using sgljit::from_float;
+using sgljit::pow2_ceil;
 using sgljit::to_float;
 
 // ------------------------------------------------------------------------------------------------
@@ -62,11 +62,12 @@ struct NormConfig {
   // 16-byte vectors of a row a thread holds (the fused add: half as many of each of its two rows).
   static constexpr int kVecsPerThread = 4;
   // Largest row on the fast path (1024 threads x 4 vectors): bf16/fp16 32768 elements, fp32 16384;
-  // ops.py's _MAX_VECS_PER_ROW mirrors it.
+  // norm_quant.cuh's too; ops.py's _MAX_VECS_PER_ROW mirrors it.
   static constexpr int kMaxVecsPerRow = 4096;
   // Resident threads per SM the register budget (__launch_bounds__) is sized for: 64 registers.
   static constexpr int kThreadsPerSM = 1024;
-  // Threads of the smallest block: several (sub-)warp row groups share a block below it (group_block).
+  // Threads of the smallest block: several (sub-)warp row groups share a block below it (group_block;
+  // norm_quant.cuh's blocks too).
   static constexpr int kMinBlock = 128;
   // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids
   // the prefetches compete with the previous kernel's loads.
@@ -88,12 +89,6 @@ struct NormConfig {
   static constexpr bool kStreamingStores = kFused;
 };
 
-constexpr int pow2_ceil(int x) {
-  int p = 1;
-  while (p < x) p <<= 1;
-  return p;
-}
-
 // 16-byte vectors per thread and stream a row aims at: the fused add reads two rows (input and
 // residual) per row, so it holds half as many of each; `kMany`: the many-rows configs (see launch_norm).
 template <bool kFused, bool kMany = false>
@@ -112,17 +107,17 @@ constexpr int group_threads(int n, int target) {
 }
 
 // How a row of kH elements of T is spread over threads holding about kTarget vectors each (W: the
-// weight's element type).
-template <typename T, int kH, int kTarget, typename W = T>
+// weight's element type; kPackable: whether rows of at most 32 vectors may be packed, see kPacked).
+template <typename T, int kH, int kTarget, typename W = T, bool kPackable = true>
 struct RowConfig {
-  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
-  static constexpr int kNumVec = kH / kVec;                        // vectors per row
+  static constexpr int kVec = sgljit::kVecSize<T>;  // elements per 16-byte vector
+  static constexpr int kNumVec = kH / kVec;        // vectors per row
   static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= NormConfig::kMaxVecsPerRow;
   // Up to 32 * kTarget vectors: a power-of-two sub-warp, reduced with shuffles only. Rows of at most 32
   // vectors (qknorm's heads) at the 4-vector target are packed: a thread holds 2 vectors of each of 2
   // rows (kRows), so 4 loads are in flight as in wider rows (launch_norm packs only large grids).
   // Beyond: a multi-warp group of 64..1024 threads (group_threads).
-  static constexpr bool kPacked = kValid && kNumVec <= 32 && kTarget >= 4;
+  static constexpr bool kPacked = kPackable && kValid && kNumVec <= 32 && kTarget >= 4;
   static constexpr int kRows = kPacked ? 2 : 1;
   static constexpr int kThreads =
       !kValid                       ? 1
@@ -176,30 +171,10 @@ SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T, W>& s, int64_t row) {
   return {o * s.in_s0 + i * s.in_s1, o * s.out_s0 + i * s.out_s1, o * s.res_s0 + i * s.res_s1};
 }
 
-// 16-byte load of a row through the read-only path.
-template <typename V>
-SGLJIT_DEVICE void load_stream(V& v, const void* ptr) {
-  static_assert(sizeof(V) == 16, "load_stream moves 16 bytes");
-  const uint4 r = __ldg(static_cast<const uint4*>(ptr));
-  memcpy(&v, &r, sizeof(V));
-}
-
-// 16-byte store of a row's output: streaming (st.global.cs, evict-first) or plain, per
-// NormConfig::kStreamingStores.
-template <bool kFused, typename V>
-SGLJIT_DEVICE void store_stream(const V& v, void* ptr) {
-  static_assert(sizeof(V) == 16, "store_stream moves 16 bytes");
-  if constexpr (NormConfig::kStreamingStores<kFused>) {
-    uint4 r;
-    memcpy(&r, &v, sizeof(V));
-    __stcs(static_cast<uint4*>(ptr), r);
-  } else {
-    *static_cast<V*>(ptr) = v;
-  }
-}
-
-// Sum over a row group of kThreads threads (all threads of the block call it, every iteration).
-template <int kThreads, int kBlock>
+// Sum over a row group of kThreads threads (all threads of the block call it, every iteration): a
+// (sub-)warp's shuffles, or beyond 32 threads the warps' sums through `red` (the block's warps' words,
+// not the ones the previous reduction used: callers alternate two sets, so one barrier suffices).
+template <int kThreads>
 SGLJIT_DEVICE float group_sum(float v, float* red) {
   if constexpr (kThreads <= 32) {
     return sgljit::warp_reduce_sum<kThreads>(v);
@@ -209,7 +184,6 @@ SGLJIT_DEVICE float group_sum(float v, float* red) {
     v = sgljit::warp_reduce_sum(v);
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    // red is double-buffered by the caller, so no second barrier is needed before it is rewritten.
     v = lane < kWarps ? red[(warp / kWarps) * kWarps + lane] : 0.0f;
     return sgljit::warp_reduce_sum(v);
   }
@@ -219,7 +193,7 @@ SGLJIT_DEVICE float group_sum(float v, float* red) {
 // kRound rounds x * inv_rms to T before the weight multiply.
 template <typename T, bool kRound>
 SGLJIT_DEVICE T norm_out(float x, float inv_rms, float wf) {
-  if constexpr (kRound) return from_float<T>(to_float(from_float<T>(x * inv_rms)) * wf);
+  if constexpr (kRound) return from_float<T>(sgljit::round_to<T>(x * inv_rms) * wf);
   return from_float<T>(x * inv_rms * wf);
 }
 
@@ -274,8 +248,8 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
 #pragma unroll
         for (int j = 0; j < kVPT; ++j) {
           if (has(j)) {
-            load_stream(x[i][j], s.in + off[i].in + col(j));
-            if constexpr (kFused) load_stream(r[i][j], s.res + off[i].res + col(j));
+            sgljit::load16_readonly(x[i][j], s.in + off[i].in + col(j));
+            if constexpr (kFused) sgljit::load16_readonly(r[i][j], s.res + off[i].res + col(j));
           }
         }
       }
@@ -296,7 +270,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
                 if constexpr (kSum) sums[i][j][e] = sum;
                 x[i][j][e] = from_float<T>(sum);
               }
-              store_stream<kFused>(x[i][j], s.res + off[i].res + col(j));
+              sgljit::store16<NormConfig::kStreamingStores<kFused>>(s.res + off[i].res + col(j), x[i][j]);
             }
 #pragma unroll
             for (int e = 0; e < kVec; ++e) {
@@ -313,7 +287,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
       }
     }
     if constexpr (kR == 1) {
-      ss[0] = group_sum<kTPR, kBlock>(ss[0], red + parity * kRedSlots);
+      ss[0] = group_sum<kTPR>(ss[0], red + parity * kRedSlots);
       parity ^= 1;
     } else {
 #pragma unroll
@@ -343,7 +317,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
               y[e] = norm_out<T, kRound>(to_float(x[i][j][e]), inv_rms, wf);
             }
           }
-          store_stream<kFused>(y, s.out + off[i].out + col(j));
+          sgljit::store16<NormConfig::kStreamingStores<kFused>>(s.out + off[i].out + col(j), y);
         }
       }
     }
@@ -458,15 +432,14 @@ __global__ void __launch_bounds__(kGenericThreads)
 // ------------------------------------------------------------------------------------------------
 // Host side
 // ------------------------------------------------------------------------------------------------
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <typename T, typename W>
 bool fast_layout(const RowSet<T, W>& s, bool fused) {
-  constexpr int64_t kVec = 16 / sizeof(T);
+  using sgljit::is_aligned;
+  constexpr int64_t kVec = sgljit::kVecSize<T>;
   // The weight is read kVec elements at a time: 32-byte aligned for a float32 weight of 16-bit rows.
-  bool ok = aligned16(s.in) && aligned16(s.out) && reinterpret_cast<uintptr_t>(s.weight) % (kVec * sizeof(W)) == 0;
+  bool ok = is_aligned(s.in, 16) && is_aligned(s.out, 16) && is_aligned(s.weight, kVec * sizeof(W));
   ok = ok && s.in_s0 % kVec == 0 && s.in_s1 % kVec == 0 && s.out_s0 % kVec == 0 && s.out_s1 % kVec == 0;
-  if (fused) ok = ok && aligned16(s.res) && s.res_s0 % kVec == 0 && s.res_s1 % kVec == 0;
+  if (fused) ok = ok && is_aligned(s.res, 16) && s.res_s0 % kVec == 0 && s.res_s1 % kVec == 0;
   return ok;
 }
 

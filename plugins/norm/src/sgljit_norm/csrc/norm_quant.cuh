@@ -6,9 +6,9 @@
 //   scale  = max(absmax(y of the row) / fp8_max, 2^-126)       per token, written to scales[row]
 //   fused: residual <- x + residual (rounded to T) first, and the row is that rounded sum; x is only read.
 //
-// Fast path (H a whole number of 16-byte vectors, at most NormQuantConfig::kMaxVecsPerRow of them;
+// Fast path (H a whole number of 16-byte vectors, at most NormConfig::kMaxVecsPerRow of them;
 // input / residual / weight rows 16-byte aligned, out rows aligned to a vector's fp8 bytes): the norm
-// plugin's row design (csrc/norm.cuh). A "row group" of threads holds the row (and the weight) in
+// plugin's row design and row groups (csrc/norm.cuh). A "row group" of threads holds the row (and the weight) in
 // registers, every load issued together, so x is read from memory once; up to 32 threads the group is
 // a (sub-)warp reduced by shuffles, beyond it a multi-warp group reduced through shared memory
 // (double-buffered by parity: one barrier per reduction). One row group per block (small groups:
@@ -23,6 +23,8 @@
 // NaN/inf: a NaN in a row makes its sum of squares NaN, so the whole row quantizes to NaN (per token:
 // a NaN scale too); an inf makes inv_rms 0: the row is 0 except NaN where the inf was (inf * 0).
 #pragma once
+
+#include "norm.cuh"  // RowConfig, group_block, group_sum, check_width
 
 #include <sgljit/cuda.cuh>
 #include <sgljit/fp8.cuh>
@@ -46,19 +48,18 @@ using sgljit::Divider;
 using sgljit::Fp8;
 using sgljit::from_float;
 using sgljit::to_float;
+using sgljit_norm::group_sum;
 using tvm::ffi::TensorView;
 
+// Row groups are rmsnorm's (norm.cuh's RowConfig, unpacked; NormConfig's largest row and smallest
+// block); the rest is this kernel's own.
 struct NormQuantConfig {
   // 16-byte vectors of a row a thread aims to hold (the fused add: of each of its two rows, input and
   // residual, so half as many): as rmsnorm's row groups.
   static constexpr int kVecsPerThread = 4;
   static constexpr int kFusedVecsPerThread = 2;
-  // Largest row on the fast path (1024 threads x 4 vectors); ops.py's _MAX_VECS_PER_ROW mirrors it.
-  static constexpr int kMaxVecsPerRow = 4096;
   // Resident threads per SM the register budget (__launch_bounds__) is sized for: 64 registers.
   static constexpr int kThreadsPerSM = 1024;
-  // Threads of the smallest block: several (sub-)warp row groups share a block below it.
-  static constexpr int kMinBlock = 128;
   // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids the
   // prefetches compete with the previous kernel's loads.
   static constexpr int kPrefetchBlocksPerSM = 1;
@@ -70,37 +71,12 @@ struct NormQuantConfig {
   static constexpr bool kStreamingStores = kFused;
 };
 
-constexpr int pow2_ceil(int x) {
-  int p = 1;
-  while (p < x) p <<= 1;
-  return p;
-}
-
-// Threads of a multi-warp row group of n vectors at about `target` vectors a thread: a power of two,
-// unless whole warps leave fewer vector slots idle (H=5120 bf16: 160 threads x 4, not 256 x 3).
-constexpr int idle_slots(int n, int threads) { return threads * div_ceil(n, threads) - n; }
-constexpr int group_threads(int n, int target) {
-  const int pow2 = std::clamp(pow2_ceil(div_ceil(n, target)), 64, 1024);
-  const int warps = std::clamp(div_ceil(div_ceil(n, target), 32) * 32, 64, 1024);
-  return idle_slots(n, warps) < idle_slots(n, pow2) ? warps : pow2;
-}
-
-// How a row of kH elements of T is spread over a row group of threads holding about kTarget vectors.
+// How a row of kH elements of T is spread over a row group of threads holding about kTarget vectors:
+// rmsnorm's row groups, one row a group (the weight, of T, in registers within the target), and the
+// threads of a block.
 template <typename T, int kH, int kTarget>
-struct RowShape {
-  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
-  static constexpr int kNumVec = kH / kVec;
-  static constexpr bool kValid = kH > 0 && kH % kVec == 0 && kNumVec <= NormQuantConfig::kMaxVecsPerRow;
-  static constexpr int kThreads = !kValid                   ? 1
-                                  : kNumVec <= 32 * kTarget ? std::min(32, pow2_ceil(kNumVec))
-                                                            : group_threads(kNumVec, kTarget);
-  static constexpr int kVecsPerThread = kValid ? div_ceil(kNumVec, kThreads) : 0;
-  // Within the target the weight stays in registers (loaded with the row); wider rows (only where 1024
-  // threads are not enough) read it from L1 when they need it, to stay within the register budget.
-  static constexpr bool kWeightInRegs = kVecsPerThread <= kTarget;
-  // Threads per block: one multi-warp group, or (sub-)warp groups filling kMinBlock threads.
-  static constexpr int kBlock =
-      kThreads >= NormQuantConfig::kMinBlock ? kThreads : div_ceil(NormQuantConfig::kMinBlock, kThreads) * kThreads;
+struct RowShape : sgljit_norm::RowConfig<T, kH, kTarget, T, /*kPackable=*/false> {
+  static constexpr int kBlock = sgljit_norm::group_block(RowShape::kThreads);
 };
 
 // The kernels' arguments; strides in elements (out: fp8 bytes). In the fused add `in` is x and `res`
@@ -118,58 +94,12 @@ struct NormQuantArgs {
   float eps;
 };
 
-// 16-byte load through the read-only path.
-template <typename V>
-SGLJIT_DEVICE void load16(V& v, const void* ptr) {
-  static_assert(sizeof(V) == 16, "load16 moves 16 bytes");
-  const uint4 r = __ldg(static_cast<const uint4*>(ptr));
-  memcpy(&v, &r, sizeof(V));
-}
-
-template <int kBytes>
-struct FpBytes;
-template <>
-struct FpBytes<8> {
-  using type = uint2;
-};
-template <>
-struct FpBytes<4> {
-  using type = unsigned int;
-};
-
-// Stores raw bytes: streaming (st.global.cs, evict-first) or plain.
-template <bool kStreaming, typename R>
-SGLJIT_DEVICE void store_raw(const R& r, void* ptr) {
-  if constexpr (kStreaming) {
-    __stcs(static_cast<R*>(ptr), r);
-  } else {
-    *static_cast<R*>(ptr) = r;
-  }
-}
-
-// Sum / max over a row group of kThreads threads (every thread of the block calls it). `red`: kBlock / 32
-// words, not the ones the previous reduction used (the caller alternates two sets).
-template <int kThreads>
-SGLJIT_DEVICE float group_sum(float v, float* red) {
-  if constexpr (kThreads <= 32) {
-    return sgljit::warp_reduce_sum<kThreads>(v);
-  } else {
-    constexpr int kWarps = kThreads / 32;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = sgljit::warp_reduce_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < kWarps ? red[(warp / kWarps) * kWarps + lane] : 0.0f;
-    return sgljit::warp_reduce_sum(v);
-  }
-}
-
+// Max of |y| bits over a row group of kThreads threads, as group_sum (norm.cuh) reduces the sums; `red`
+// words hold the warps' maxima as float bit patterns.
 template <int kThreads>
 SGLJIT_DEVICE uint32_t group_max(uint32_t v, float* red) {
   if constexpr (kThreads < 32) {
-#pragma unroll
-    for (int offset = kThreads / 2; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(sgljit::kFullMask, v, offset));
-    return v;
+    return sgljit::warp_reduce_max<kThreads>(v);
   } else if constexpr (kThreads == 32) {
     return __reduce_max_sync(sgljit::kFullMask, v);
   } else {
@@ -196,7 +126,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
   constexpr int kBlock = Shape::kBlock, kRowsPerBlock = kBlock / kTPR, kRedSlots = kBlock / 32;
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
   using V = AlignedVector<T, kVec>;
-  using Out = typename FpBytes<kVec>::type;  // kVec fp8 bytes
+  using Out = typename sgljit::RawBytes<kVec>::type;  // kVec fp8 bytes
   __shared__ float red[2 * kRedSlots];
 
   const int sub = threadIdx.x / kTPR, lane = threadIdx.x % kTPR;
@@ -240,8 +170,8 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
 #pragma unroll
       for (int j = 0; j < kVPT; ++j) {
         if (has(j)) {
-          load16(x[j], in + col(j));
-          if constexpr (kFused) load16(r[j], res + col(j));
+          sgljit::load16_readonly(x[j], in + col(j));
+          if constexpr (kFused) sgljit::load16_readonly(r[j], res + col(j));
         }
       }
 #pragma unroll
@@ -250,9 +180,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
           if constexpr (kFused) {
 #pragma unroll
             for (int e = 0; e < kVec; ++e) x[j][e] = from_float<T>(to_float(x[j][e]) + to_float(r[j][e]));
-            uint4 raw;
-            memcpy(&raw, &x[j], sizeof(raw));
-            store_raw<NormQuantConfig::kStreamingStores<true>>(raw, res + col(j));
+            sgljit::store16<NormQuantConfig::kStreamingStores<true>>(res + col(j), x[j]);
           }
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
@@ -312,7 +240,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
           }
           Out raw;
           memcpy(&raw, pairs, sizeof(raw));
-          store_raw<NormQuantConfig::kStreamingStores<kFused>>(raw, out + col(j));
+          sgljit::store_raw<NormQuantConfig::kStreamingStores<kFused>>(out + col(j), raw);
         }
       }
     };
@@ -381,14 +309,13 @@ __global__ void __launch_bounds__(NormQuantConfig::kGenericThreads)
 // ------------------------------------------------------------------------------------------------
 // Host side
 // ------------------------------------------------------------------------------------------------
-inline bool aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 template <typename T, bool kFused>
 bool fast_layout(const NormQuantArgs<T>& a) {
-  constexpr int64_t kVec = 16 / sizeof(T);
-  bool ok = aligned(a.in, 16) && aligned(a.weight, 16) && aligned(a.out, kVec);
+  using sgljit::is_aligned;
+  constexpr int64_t kVec = sgljit::kVecSize<T>;
+  bool ok = is_aligned(a.in, 16) && is_aligned(a.weight, 16) && is_aligned(a.out, kVec);
   ok = ok && a.in_stride % kVec == 0 && a.out_stride % kVec == 0;
-  if constexpr (kFused) ok = ok && aligned(a.res, 16) && a.res_stride % kVec == 0;
+  if constexpr (kFused) ok = ok && is_aligned(a.res, 16) && a.res_stride % kVec == 0;
   return ok;
 }
 
@@ -414,54 +341,11 @@ void launch(const NormQuantArgs<T>& a, DLDevice device, const char* name) {
   sgljit::LaunchKernel(kernel, grid, kThreads, 0, device, name).pdl()(a);
 }
 
-// Bytes [begin, end) a tensor's elements lie in (empty: begin == end).
-struct Span {
-  uintptr_t begin, end;
-  int64_t row_stride, row_bytes, rows;  // in bytes; a 2-D tensor's rows
-};
-
-inline Span span_of(const TensorView& t) {
-  const int64_t item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  int64_t last = 0;
-  for (int i = 0; i < t.ndim(); ++i) {
-    if (t.size(i) == 0) return {begin, begin, 0, 0, 0};
-    last += (t.size(i) - 1) * t.stride(i);
-  }
-  const int64_t rows = t.ndim() == 2 ? t.size(0) : 1;
-  const int64_t row_bytes = t.ndim() == 2 ? t.size(1) * item : (last + 1) * item;
-  return {begin, begin + static_cast<uintptr_t>((last + 1) * item), t.ndim() == 2 ? t.stride(0) * item : 0, row_bytes,
-          rows};
-}
-
-// Whether two tensors may share bytes: their spans meet, unless both are rows of one stride that sit
-// side by side in each row (e.g. two column slices of one buffer).
-inline bool may_share(const Span& a, const Span& b) {
-  if (a.begin == a.end || b.begin == b.end || a.end <= b.begin || b.end <= a.begin) return false;
-  if (a.rows > 1 && b.rows > 1 && a.row_stride == b.row_stride && a.row_stride > 0) {
-    const int64_t s = a.row_stride;
-    const int64_t d = ((static_cast<int64_t>(b.begin - a.begin) % s) + s) % s;  // b's row start within a's row period
-    return !(d >= a.row_bytes && d + b.row_bytes <= s);
-  }
-  return true;
-}
-
 // A tensor the op writes must not share memory with another argument (the kernels read rows while
-// others are written). Refused naming the written tensor.
-inline void check_disjoint(const TensorView& written, const char* name, const TensorView& other, const char* other_name) {
-  sgljit::RuntimeCheck(!may_share(span_of(written), span_of(other)), name, ": shares memory with ", other_name,
-                       "; pass a tensor of its own");
-}
-
-inline void check_width(int64_t compiled, int64_t actual) {
-  sgljit::RuntimeCheck(compiled == 0 || compiled == actual, "input: this module was compiled for width ", compiled,
-                       ", got ", actual);
-}
-
-template <typename Q>
-void check_fp8(const TensorView& out) {
-  SGLJIT_CHECK(sgljit::same_dtype(out.dtype(), sgljit::DTypeTrait<Q>::value), "out: this module was compiled for ",
-               sgljit::dtype_name(sgljit::DTypeTrait<Q>::value), ", got ", sgljit::dtype_name(out.dtype()));
+// others are written; sgljit::may_share). Refused naming the written tensor.
+inline void check_unshared(const TensorView& written, const char* name, const TensorView& other, const char* other_name) {
+  sgljit::RuntimeCheck(!sgljit::may_share(sgljit::byte_span(written), sgljit::byte_span(other)), name,
+                       ": shares memory with ", other_name, "; pass a tensor of its own");
 }
 
 // The entry points. Shapes, strides, dtypes, devices and self-overlap were checked by the code sgljit.op
@@ -473,8 +357,8 @@ struct NormQuantFp8 {
   template <bool kFused, bool kDynamic>
   static void run(const TensorView& input, const TensorView* residual, const TensorView& weight, const TensorView& out,
                   const TensorView* scale, const TensorView* scales, double eps, const char* name) {
-    check_width(kH, input.size(1));
-    check_fp8<Q>(out);
+    sgljit_norm::check_width(kH, input.size(1), "input");
+    sgljit::check_module_dtype<Q>(out, "out");
     const int64_t n = input.size(0);
     if (n == 0) return;
     // The stride of a size-1 dimension is meaningless (and may be anything): make it 0.
@@ -499,47 +383,47 @@ struct NormQuantFp8 {
 
   // out = quantize(rmsnorm(input) / scale[0]).
   static void rmsnorm_static(TensorView input, TensorView weight, TensorView scale, TensorView out, double eps) {
-    check_disjoint(out, "out", input, "input");
-    check_disjoint(out, "out", weight, "weight");
-    check_disjoint(out, "out", scale, "scale");
+    check_unshared(out, "out", input, "input");
+    check_unshared(out, "out", weight, "weight");
+    check_unshared(out, "out", scale, "scale");
     run<false, false>(input, nullptr, weight, out, &scale, nullptr, eps, "rmsnorm_quant_fp8 (static)");
   }
 
   // out[t] = quantize(rmsnorm(input[t]) / scales[t]), scales[t] from the row's absmax.
   static void rmsnorm_per_token(TensorView input, TensorView weight, TensorView out, TensorView scales, double eps) {
-    check_disjoint(out, "out", input, "input");
-    check_disjoint(out, "out", weight, "weight");
-    check_disjoint(scales, "scales", input, "input");
-    check_disjoint(scales, "scales", weight, "weight");
-    check_disjoint(scales, "scales", out, "out");
+    check_unshared(out, "out", input, "input");
+    check_unshared(out, "out", weight, "weight");
+    check_unshared(scales, "scales", input, "input");
+    check_unshared(scales, "scales", weight, "weight");
+    check_unshared(scales, "scales", out, "out");
     run<false, true>(input, nullptr, weight, out, nullptr, &scales, eps, "rmsnorm_quant_fp8 (per token)");
   }
 
   // residual <- input + residual; out = quantize(rmsnorm(residual) / scale[0]).
   static void fused_static(TensorView input, TensorView residual, TensorView weight, TensorView scale, TensorView out,
                            double eps) {
-    check_disjoint(residual, "residual", input, "input");
-    check_disjoint(residual, "residual", weight, "weight");
-    check_disjoint(residual, "residual", scale, "scale");
-    check_disjoint(out, "out", input, "input");
-    check_disjoint(out, "out", residual, "residual");
-    check_disjoint(out, "out", weight, "weight");
-    check_disjoint(out, "out", scale, "scale");
+    check_unshared(residual, "residual", input, "input");
+    check_unshared(residual, "residual", weight, "weight");
+    check_unshared(residual, "residual", scale, "scale");
+    check_unshared(out, "out", input, "input");
+    check_unshared(out, "out", residual, "residual");
+    check_unshared(out, "out", weight, "weight");
+    check_unshared(out, "out", scale, "scale");
     run<true, false>(input, &residual, weight, out, &scale, nullptr, eps, "fused_add_rmsnorm_quant_fp8 (static)");
   }
 
   // residual <- input + residual; out[t] = quantize(rmsnorm(residual[t]) / scales[t]).
   static void fused_per_token(TensorView input, TensorView residual, TensorView weight, TensorView out,
                               TensorView scales, double eps) {
-    check_disjoint(residual, "residual", input, "input");
-    check_disjoint(residual, "residual", weight, "weight");
-    check_disjoint(out, "out", input, "input");
-    check_disjoint(out, "out", residual, "residual");
-    check_disjoint(out, "out", weight, "weight");
-    check_disjoint(scales, "scales", input, "input");
-    check_disjoint(scales, "scales", residual, "residual");
-    check_disjoint(scales, "scales", weight, "weight");
-    check_disjoint(scales, "scales", out, "out");
+    check_unshared(residual, "residual", input, "input");
+    check_unshared(residual, "residual", weight, "weight");
+    check_unshared(out, "out", input, "input");
+    check_unshared(out, "out", residual, "residual");
+    check_unshared(out, "out", weight, "weight");
+    check_unshared(scales, "scales", input, "input");
+    check_unshared(scales, "scales", residual, "residual");
+    check_unshared(scales, "scales", weight, "weight");
+    check_unshared(scales, "scales", out, "out");
     run<true, true>(input, &residual, weight, out, nullptr, &scales, eps, "fused_add_rmsnorm_quant_fp8 (per token)");
   }
 };

@@ -19,43 +19,16 @@ namespace sgljit_quant_fp8 {
 
 using namespace sgljit;
 
-inline bool aligned(const void* p, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
-}
-
 // ------------------------------------------------------------------------------------------------
 // Vector I/O: VEC elements of T in one transaction (16 bytes when VEC = 16 / sizeof(T)).
-
-template <int kBytes>
-struct Raw;
-template <>
-struct Raw<16> {
-  using type = uint4;
-};
-template <>
-struct Raw<8> {
-  using type = uint2;
-};
-template <>
-struct Raw<4> {
-  using type = unsigned int;
-};
-template <>
-struct Raw<2> {
-  using type = unsigned short;
-};
-template <>
-struct Raw<1> {
-  using type = unsigned char;
-};
 
 // VEC elements of T are carried as their raw bits (uint4 for 16 bytes), never as an array of 16-bit
 // class objects: copying those element by element costs byte permutes that wait on the load, which
 // serialized the loads in flight. Elements are read out of the 32-bit words with shifts/masks.
 template <typename T, int VEC>
 struct Io {
-  using V = typename Raw<sizeof(T) * VEC>::type;
-  using Out = typename Raw<VEC>::type;  // VEC fp8 bytes
+  using V = typename RawBytes<sizeof(T) * VEC>::type;
+  using Out = typename RawBytes<VEC>::type;  // VEC fp8 bytes
   static constexpr int kWords = sizeof(V) >= 4 ? int(sizeof(V) / 4) : 1;
 
   // kStream: evict-first (data read for the last time, or data we do not want to keep in L2).
@@ -153,7 +126,7 @@ struct Io {
       for (int i = 0; i < VEC / 4; ++i) o[i] |= __byte_perm(w[2 * i], w[2 * i + 1], 0x7531) & 0x80808080u;  // bytes 1, 3, 5, 7
       memcpy(&raw, o, sizeof(raw));
     }
-    __stcs(reinterpret_cast<Out*>(dst), raw);
+    store_raw<true>(dst, raw);
   }
 };
 

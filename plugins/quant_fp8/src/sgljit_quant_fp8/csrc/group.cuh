@@ -3,7 +3,7 @@
 //
 // Contract: input [T, H] (any row stride, unit last stride), groups of G consecutive elements of a row.
 // Per group: s = max(absmax / fp8_max, eps) in fp32 (true division; a NaN in the group gives a NaN
-// scale, an inf an inf scale), with ue8m0 rounded up to a power of two on its bits (pow2_ceil);
+// scale, an inf an inf scale), with ue8m0 rounded up to a power of two on its bits (ue8m0_ceil);
 // scales[t, g] = s through both strides (row-major, column-major or any other non-overlapping layout);
 // out = quantize(x / s), bit-identical to the reference (the division and conversion of common.cuh).
 //
@@ -44,8 +44,9 @@ struct GroupConfig {
   static constexpr int64_t kMaxGroups = INT32_MAX - 4096;
 };
 
-// 2^ceil(log2(s)) for a positive normal s, exactly (finite s above 2^127: inf); inf and NaN unchanged.
-SGLJIT_DEVICE float pow2_ceil(float s) {
+// The ue8m0 scale of s: 2^ceil(log2(s)) for a positive normal s, exactly (finite s above 2^127: inf);
+// inf and NaN unchanged.
+SGLJIT_DEVICE float ue8m0_ceil(float s) {
   const uint32_t b = __float_as_uint(s);
   return (b & 0x7fffffu) && b < 0x7f800000u ? __uint_as_float((b | 0x7fffffu) + 1u) : s;
 }
@@ -129,7 +130,7 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
   }
   // A group's lanes shuffle among themselves (they agree on whether it is in range): a round out of
   // range ends the lane's work, and every later round is further out (column tiles: skips the round).
-  const unsigned group_mask = L == 32 ? kFullMask : ((1u << L) - 1) << (threadIdx.x % 32 & ~(L - 1));
+  const unsigned mask = group_mask<L>();
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if constexpr (kTiles) {
@@ -140,12 +141,10 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Grou
     AbsMax<T, VEC> acc;
 #pragma unroll
     for (int k = 0; k < K; ++k) acc.add(x[r][k]);
-    uint32_t m = acc.bits();
-#pragma unroll
-    for (int off = L / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(group_mask, m, off));
+    const uint32_t m = warp_reduce_max<L>(acc.bits(), mask);
     float s = __fdiv_rn(__uint_as_float(m), Fp8<Q>::kMax);
     s = s < a.eps ? a.eps : s;  // NaN compares false: stays NaN
-    if (a.ue8m0) s = pow2_ceil(s);
+    if (a.ue8m0) s = ue8m0_ceil(s);
     if (lane == 0) a.scales[row[r] * a.scale_stride_t + col[r] * a.scale_stride_g] = s;
     uint8_t* dst = a.out + row[r] * a.out_stride + int64_t(col[r]) * G;
     const Divider div(s);
@@ -177,10 +176,8 @@ struct GroupQuantFp8 {
 
   static void run(TensorView input, TensorView out, TensorView scales, int64_t group_size, double eps,
                   bool scale_ue8m0) {
-    SGLJIT_CHECK(same_dtype(input.dtype(), DTypeTrait<T>::value), "input: this module was compiled for dtype ",
-                 dtype_name(DTypeTrait<T>::value), ", got ", dtype_name(input.dtype()));
-    SGLJIT_CHECK(same_dtype(out.dtype(), DTypeTrait<Q>::value), "out: this module was compiled for dtype ",
-                 dtype_name(DTypeTrait<Q>::value), ", got ", dtype_name(out.dtype()));
+    check_module_dtype<T>(input, "input", "dtype ");
+    check_module_dtype<Q>(out, "out", "dtype ");
     RuntimeCheck(group_size == G, "group_size: this module was compiled for group size ", G, ", got ", group_size);
     const int64_t rows = input.size(0), hidden = input.size(1);
     RuntimeCheck(hidden % G == 0, "group_size: must divide input's last dimension ", hidden, ", got ", G);
@@ -203,7 +200,7 @@ struct GroupQuantFp8 {
     a.groups_per_row = int(per_row);
     a.eps = static_cast<float>(eps);
     a.ue8m0 = scale_ue8m0;
-    const bool vec_ok = aligned(a.in, 16) && aligned(a.out, kVec) &&
+    const bool vec_ok = is_aligned(a.in, 16) && is_aligned(a.out, kVec) &&
                         (rows == 1 || (a.in_stride % kVec == 0 && a.out_stride % kVec == 0));
     if (vec_ok) {
       launch<kVec>(a, input.device());
@@ -224,7 +221,7 @@ struct GroupQuantFp8 {
     // Column tiles (see the header); RC the most columns up to R, a power of two dividing it.
     const int64_t in_bytes = a.num_groups * int64_t(G) * int64_t(sizeof(T));
     const bool tiles = a.scale_stride_t == 1 && rows >= S::kPerBlock &&
-                       in_bytes > device_attribute(dev.device_id, cudaDevAttrL2CacheSize);
+                       in_bytes > l2_bytes(dev.device_id);
     if (tiles) {
       const int lc = R >= 4 && a.groups_per_row >= 4 ? 2 : R >= 2 && a.groups_per_row >= 2 ? 1 : 0;
       a.rows = int(rows);

@@ -49,8 +49,6 @@ struct AutoConfig {
   static constexpr int64_t kFinalizeMinL2s = 2;   // beyond this many L2 sizes: three kernels
 };
 
-inline int l2_bytes(int device_id) { return device_attribute(device_id, cudaDevAttrL2CacheSize); }
-
 // Persistent grid for `kKernel`: at most SMs x resident blocks (and `cap`), at least one block, and
 // no more blocks than one vector per thread needs.
 template <auto kKernel, int kThreads>
@@ -70,10 +68,8 @@ struct QuantFp8 {
   static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
 
   static void check_compiled(const TensorView& input, const TensorView& out) {
-    SGLJIT_CHECK(same_dtype(input.dtype(), DTypeTrait<T>::value), "input: this module was compiled for dtype ",
-                 dtype_name(DTypeTrait<T>::value), ", got ", dtype_name(input.dtype()));
-    SGLJIT_CHECK(same_dtype(out.dtype(), DTypeTrait<Q>::value), "out: this module was compiled for dtype ",
-                 dtype_name(DTypeTrait<Q>::value), ", got ", dtype_name(out.dtype()));
+    check_module_dtype<T>(input, "input", "dtype ");
+    check_module_dtype<Q>(out, "out", "dtype ");
   }
 
   // out = quantize(input / scale[0]).
@@ -86,7 +82,7 @@ struct QuantFp8 {
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     const float* s = static_cast<const float*>(scale.data_ptr());
     float* sm = const_cast<float*>(s);  // only read (ScaleFrom::kGiven)
-    if (aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
+    if (is_aligned(x, sizeof(T) * kVec) && is_aligned(o, kVec)) {
       per_tensor_rows<kVec>(x, o, sm, numel, dev);
     } else {
       per_tensor_rows<1>(x, o, sm, numel, dev);
@@ -111,14 +107,14 @@ struct QuantFp8 {
       // computes the same absmax, scale and values in one launch instead of two (the absmax pass and
       // the quantize pass each cost a launch and a memory round trip).
       float* s = static_cast<float*>(scale.data_ptr());
-      if (numel % kVec == 0 && aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
+      if (numel % kVec == 0 && is_aligned(x, sizeof(T) * kVec) && is_aligned(o, kVec)) {
         token_launch<kVec>(x, 0, o, 0, s, 1, numel, dev);
       } else {
         token_launch<1>(x, 0, o, 0, s, 1, numel, dev);
       }
       return;
     }
-    if (aligned(x, sizeof(T) * kVec) && aligned(o, kVec)) {
+    if (is_aligned(x, sizeof(T) * kVec) && is_aligned(o, kVec)) {
       dynamic_launch<kVec>(x, o, scale, workspace, numel, algo, dev);
     } else {
       dynamic_launch<1>(x, o, scale, workspace, numel, algo, dev);
@@ -170,7 +166,7 @@ struct QuantFp8 {
   // (sm_90+) and cooperative launch.
   template <int VEC>
   static bool fused_available(const T* x, const uint8_t* o, int device_id) {
-    return VEC == kVec && aligned(x, 16) && aligned(o, kVec) &&
+    return VEC == kVec && is_aligned(x, 16) && is_aligned(o, kVec) &&
            device_attribute(device_id, cudaDevAttrComputeCapabilityMajor) >= 9 &&
            device_attribute(device_id, cudaDevAttrCooperativeLaunch) != 0;
   }
@@ -231,7 +227,7 @@ struct QuantFp8 {
     const T* x = static_cast<const T*>(input.data_ptr());
     uint8_t* o = static_cast<uint8_t*>(out.data_ptr());
     float* s = static_cast<float*>(scales.data_ptr());
-    const bool vec_ok = hidden % kVec == 0 && aligned(x, sizeof(T) * kVec) && aligned(o, kVec) &&
+    const bool vec_ok = hidden % kVec == 0 && is_aligned(x, sizeof(T) * kVec) && is_aligned(o, kVec) &&
                         (rows == 1 || (in_stride % kVec == 0 && out_stride % kVec == 0));
     if (vec_ok) {
       token_launch<kVec>(x, in_stride, o, out_stride, s, rows, hidden, dev);
@@ -244,18 +240,13 @@ struct QuantFp8 {
   static void token_launch(const T* x, int64_t in_stride, uint8_t* o, int64_t out_stride, float* s,
                            int64_t rows, int64_t hidden, DLDevice dev) {
     const int64_t nvr = std::max<int64_t>(hidden / VEC, 1);
-    auto pow2_at_least = [](int64_t n) {
-      int64_t p = 1;
-      while (p < n) p *= 2;
-      return p;
-    };
     // Lanes per row: a warp (or the whole row if shorter) with up to 16 vectors each, more while the
     // grid has fewer than RowsConfig::kTokenThreadsPerSm threads per SM.
-    int64_t P = std::min<int64_t>(32, pow2_at_least(nvr));
+    int64_t P = std::min<int64_t>(32, sgljit::pow2_ceil(nvr));
     while (P < 1024 && div_ceil<int64_t>(nvr, P) > RowsConfig::kTokenMaxVecs) P *= 2;
     const int64_t target = int64_t(num_sms(dev.device_id)) * RowsConfig::kTokenThreadsPerSm;
     while (P < 1024 && P < nvr && rows * P < target) P *= 2;
-    int64_t N = pow2_at_least(std::min<int64_t>(div_ceil<int64_t>(nvr, P), RowsConfig::kTokenMaxVecs));
+    int64_t N = sgljit::pow2_ceil(std::min<int64_t>(div_ceil<int64_t>(nvr, P), RowsConfig::kTokenMaxVecs));
     if (P > kTokenMaxThreads<RowsConfig::kTokenMaxVecs>) N = std::min<int64_t>(N, RowsConfig::kTokenMaxVecs / 2);
     RowsArgs<T> a{};
     a.in = x;

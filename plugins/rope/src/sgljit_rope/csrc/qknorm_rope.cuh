@@ -21,18 +21,17 @@
 // streaming (evict-first) while the heads fit in L2.
 #pragma once
 
-#include "rope.cuh"  // widest_vec, vectors_fit, check_dtype, check_style
+#include "rope.cuh"  // HeadVec, l2_prefetch_blocks, widest_vec, vectors_fit, the checks
 
 #include <sgljit/cuda.cuh>
+#include <sgljit/reduce.cuh>
 #include <sgljit/tensor.h>
 #include <sgljit/type.cuh>
 #include <sgljit/utils.h>
 #include <sgljit/vec.cuh>
 
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 
 namespace sgljit_rope {
 
@@ -44,7 +43,6 @@ struct QKNormRopeConfig {
                 "head_dim and rotary_dim must be multiples of 2 * VEC, rotary_dim <= head_dim");
   static constexpr int kPairs = HEAD_DIM / (2 * VEC);
   static constexpr int kRotPairs = ROT / (2 * VEC);
-  static constexpr int pow2_ceil(int x) { return x <= 1 ? 1 : 2 * pow2_ceil((x + 1) / 2); }
   static constexpr int kLanes = kPairs >= 32 ? 32 : pow2_ceil(kPairs);
   static constexpr int kPairsPerLane = (kPairs + kLanes - 1) / kLanes;
   static constexpr bool kEveryLaneFull = kPairs % kLanes == 0;
@@ -76,58 +74,6 @@ struct QKNormRopeParams {
   int32_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their heads before the PDL wait
 };
 
-// VEC elements of a head (or of the weight) as registers; 2-byte types as 32-bit words of two
-// elements, so a vector whose load is conditional takes one register per word.
-template <typename T, int VEC>
-struct QKRVec {
-  static constexpr bool kPacked = sizeof(T) == 2 && VEC % 2 == 0;
-  using Word = std::conditional_t<kPacked, uint32_t, T>;
-  static constexpr int kWords = kPacked ? VEC / 2 : VEC;
-  AlignedVector<Word, kWords> w;
-
-  SGLJIT_DEVICE void load(const T* ptr) { w.load(reinterpret_cast<const Word*>(ptr)); }
-  template <bool kStream>
-  SGLJIT_DEVICE void store(T* ptr) const {
-    if constexpr (kStream && sizeof(w) == 16) {
-      w.store_streaming(reinterpret_cast<Word*>(ptr));
-    } else {
-      w.store(reinterpret_cast<Word*>(ptr));
-    }
-  }
-  SGLJIT_DEVICE void to_floats(float* x) const {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      if constexpr (!kPacked) {
-        x[i] = to_float(w[i]);
-      } else if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 -> fp32 is a shift
-        x[2 * i] = __uint_as_float(w[i] << 16);
-        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-      } else {
-        __half2 h;
-        memcpy(&h, &w[i], sizeof(h));
-        const float2 f = __half22float2(h);
-        x[2 * i] = f.x;
-        x[2 * i + 1] = f.y;
-      }
-    }
-  }
-  // Round to nearest even, as from_float<T>.
-  SGLJIT_DEVICE void from_floats(const float* y) {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      if constexpr (!kPacked) {
-        w[i] = from_float<T>(y[i]);
-      } else if constexpr (std::is_same_v<T, bf16_t>) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
-        memcpy(&w[i], &h, sizeof(h));
-      } else {
-        const __half2 h = __floats2half2_rn(y[2 * i], y[2 * i + 1]);
-        memcpy(&w[i], &h, sizeof(h));
-      }
-    }
-  }
-};
-
 // Element offsets in the head of the two vectors of pair j.
 template <int VEC, int ROT_PAIRS, bool NEOX>
 SGLJIT_DEVICE int pair_first(int j) {
@@ -138,16 +84,6 @@ SGLJIT_DEVICE int pair_second(int j) {
   return (NEOX && j < ROT_PAIRS ? ROT_PAIRS + j : 2 * j + 1) * VEC;
 }
 
-// The lanes of the calling thread's group, for shuffles that only the group reaches.
-template <int LANES>
-SGLJIT_DEVICE unsigned group_mask() {
-  if constexpr (LANES == 32) {
-    return 0xffffffffu;
-  } else {
-    return ((1u << LANES) - 1u) << (threadIdx.x % 32 / LANES * LANES);
-  }
-}
-
 template <typename T, typename IdxT, int HEAD_DIM, int ROT, bool NEOX, int VEC, bool kStream>
 __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBlock,
                                   QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kMinBlocks)
@@ -155,7 +91,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBloc
                        const T* __restrict__ k_weight, const float* __restrict__ cos_sin,
                        const IdxT* __restrict__ positions, const QKNormRopeParams p) {
   using C = QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>;
-  using Vec = QKRVec<T, VEC>;
+  using Vec = HeadVec<T, VEC>;  // (also the weight's vectors)
   constexpr int H = C::kHeads;
   constexpr int M = C::kPairsPerLane;
   const int lane = threadIdx.x % C::kLanes;
@@ -209,6 +145,8 @@ __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBloc
     }
   }
   const IdxT pos = positions[t];
+  // in_range, the cos/sin loads and the rotation are rope.cuh's, spelled out: through its helpers
+  // (in_range, load_cos_sin, rotate) this kernel compiles to different, equivalent machine code.
   const bool rotate = static_cast<int64_t>(pos) >= 0 && static_cast<int64_t>(pos) < p.max_pos;
   float c[M][VEC], s[M][VEC];
   if (rotate) {
@@ -247,12 +185,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBloc
       }
     }
   }
-  const unsigned mask = group_mask<C::kLanes>();
-#pragma unroll
-  for (int offset = C::kLanes / 2; offset > 0; offset >>= 1) {
-#pragma unroll
-    for (int h = 0; h < H; ++h) ss[h] += __shfl_xor_sync(mask, ss[h], offset);
-  }
+  warp_reduce_sum<C::kLanes>(ss, group_mask<C::kLanes>());
 
 #pragma unroll
   for (int h = 0; h < H; ++h) {
@@ -267,7 +200,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBloc
       wa[m].to_floats(w);
       wb[m].to_floats(w + VEC);
 #pragma unroll
-      for (int e = 0; e < 2 * VEC; ++e) x[e] = to_float(from_float<T>(x[e] * inv_rms * w[e]));  // qknorm's output
+      for (int e = 0; e < 2 * VEC; ++e) x[e] = round_to<T>(x[e] * inv_rms * w[e]);  // qknorm's output
       if (rotate && pair_of(m) < C::kRotPairs) {
         float y[2 * VEC];
 #pragma unroll
@@ -283,8 +216,8 @@ __global__ void __launch_bounds__(QKNormRopeConfig<T, HEAD_DIM, ROT, VEC>::kBloc
       }
       a[h][m].from_floats(x);
       b[h][m].from_floats(x + VEC);
-      a[h][m].template store<kStream>(base + h * hs + pair_first<VEC, C::kRotPairs, NEOX>(pair_of(m)));
-      b[h][m].template store<kStream>(base + h * hs + pair_second<VEC, C::kRotPairs, NEOX>(pair_of(m)));
+      a[h][m].template store_out<kStream>(base + h * hs + pair_first<VEC, C::kRotPairs, NEOX>(pair_of(m)));
+      b[h][m].template store_out<kStream>(base + h * hs + pair_second<VEC, C::kRotPairs, NEOX>(pair_of(m)));
     }
   }
 }
@@ -318,7 +251,7 @@ struct QKNormRopeLaunch {
     // Streaming stores where the heads fit in L2: otherwise the whole output stays in L2 as dirty lines,
     // written back while the next kernels run.
     const int64_t head_bytes = n * (p.q_heads + p.k_heads) * int64_t{HEAD_DIM} * int64_t{sizeof(T)};
-    const bool stream = head_bytes <= device_attribute(device.device_id, cudaDevAttrL2CacheSize);
+    const bool stream = head_bytes <= l2_bytes(device.device_id);
     if (stream) {
       launch<qknorm_rope_kernel<T, IdxT, HEAD_DIM, ROT, NEOX, VEC, true>>(q, k, q_weight, k_weight, cos_sin_cache,
                                                                           positions, p, static_cast<int>(blocks));
@@ -332,12 +265,7 @@ struct QKNormRopeLaunch {
   static void launch(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight, TensorView cos_sin_cache,
                      TensorView positions, QKNormRopeParams p, int grid) {
     const DLDevice device = q.device();
-    // L2 prefetch before the PDL wait: every block of a grid of up to one block per SM, the first wave
-    // of a grid of more than a wave; none where the whole grid is resident at once (there the whole
-    // input's prefetches would compete with the previous kernel's loads).
-    const int sms = num_sms(device.device_id);
-    const int64_t wave = int64_t{sms} * resident_blocks<kernel>(device.device_id, C::kBlock);
-    p.prefetch_blocks = grid <= sms ? grid : grid > wave ? static_cast<int32_t>(wave) : 0;
+    p.prefetch_blocks = l2_prefetch_blocks<kernel>(grid, C::kBlock, device.device_id);  // as apply_rope's
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::qknorm_rope_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(q_weight.data_ptr()),
         static_cast<const T*>(k_weight.data_ptr()), static_cast<const float*>(cos_sin_cache.data_ptr()),
@@ -355,16 +283,14 @@ struct QKNormRope {
 
   static void run(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight, TensorView cos_sin_cache,
                   TensorView positions, double eps, bool is_neox) {
-    check_dtype<T>(q, "q");
-    check_dtype<IdxT>(positions, "positions");
+    check_module_dtype<T>(q, "q");
+    check_module_dtype<IdxT>(positions, "positions");
     check_style(is_neox, NEOX);
-    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
-    RuntimeCheck(cos_sin_cache.size(1) == ROT, "cos_sin_cache: this module was compiled for rotary_dim ", ROT,
-                 ", got a cache of width ", cos_sin_cache.size(1));
-    auto weight_fits = [](const TensorView& w) {
-      return reinterpret_cast<uintptr_t>(w.data_ptr()) % (kVec * sizeof(T)) == 0;
-    };
-    if (vectors_fit<T, float>(kVec, {&q, &k}, cos_sin_cache) && weight_fits(q_weight) && weight_fits(k_weight)) {
+    check_head_dim(q, HEAD_DIM);
+    check_rotary_width(cos_sin_cache, ROT);
+    constexpr int64_t kVecAlign = kVec * sizeof(T);
+    if (vectors_fit<T, float>(kVec, {&q, &k}, cos_sin_cache) && is_aligned(q_weight.data_ptr(), kVecAlign) &&
+        is_aligned(k_weight.data_ptr(), kVecAlign)) {
       QKNormRopeLaunch<T, IdxT, HEAD_DIM, ROT, NEOX, kVec>::run(q, k, q_weight, k_weight, cos_sin_cache, positions,
                                                                 eps);
     } else {

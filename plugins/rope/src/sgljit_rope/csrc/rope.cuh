@@ -58,7 +58,7 @@ struct Geometry {
   static constexpr int groups_for(int target) { return kLanes >= target ? 1 : target / kLanes; }
   // cos/sin (CacheT) are loaded in chunks of at most 16 bytes.
   template <typename CacheT>
-  static constexpr int kCosVec = VEC < 16 / int(sizeof(CacheT)) ? VEC : 16 / int(sizeof(CacheT));
+  static constexpr int kCosVec = VEC < kVecSize<CacheT> ? VEC : kVecSize<CacheT>;
   // Heads per work item: cos/sin are re-read once per item, but each head holds 2 vectors of
   // registers; 2 heads of 16-byte vectors of 2-byte types, 4 of narrower vectors.
   static constexpr int kHeads = VEC >= 8 ? 2 : 4;
@@ -136,9 +136,9 @@ SGLJIT_DEVICE int second_offset(int lane) {
   return NEOX || Geometry<ROT, VEC>::template kSplit<NEOX> ? ROT / 2 + lane * VEC : lane * 2 * VEC + VEC;
 }
 
-// VEC elements of one 16-byte (or narrower) vector of a head, as registers. 2-byte types are kept
-// as 32-bit words of two elements: held as VEC 2-byte scalars, a vector whose load is conditional
-// takes one register per element.
+// VEC elements of one 16-byte (or narrower) vector of a head (or of a weight: qknorm_rope.cuh), as
+// registers. 2-byte types are kept as 32-bit words of two elements: held as VEC 2-byte scalars, a
+// vector whose load is conditional takes one register per element.
 template <typename T, int VEC>
 struct HeadVec {
   static constexpr bool kPacked = sizeof(T) == 2 && VEC % 2 == 0;
@@ -501,32 +501,31 @@ __global__ void __launch_bounds__(RopeKVConfig<ROT, VEC>::kBlock, RopeKVConfig<R
 // (k and q) and none for v (the persistent kernel reads position, then out_loc, then the heads).
 
 // Loads a head vector where it is written: ptxas sinks a plain load into the branch that first uses
-// it, i.e. after the index that branch tests has arrived (one round trip more); a volatile load
+// it, i.e. after the index that branch tests has arrived (one round trip more); sgljit::load16_pinned
 // (16-byte vectors; 1-element vectors, the fallback for odd views, load plainly) is never moved.
 template <typename T, int VEC>
 SGLJIT_DEVICE void load_early(HeadVec<T, VEC>& v, const T* ptr) {
   if constexpr (sizeof(v.w) == 16) {
     static_assert(sizeof(v.w[0]) == 4, "16-byte vectors of 4-byte words");
-    uint32_t r0, r1, r2, r3;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "l"(ptr));
-    memcpy(&v.w[0], &r0, 4);
-    memcpy(&v.w[1], &r1, 4);
-    memcpy(&v.w[2], &r2, 4);
-    memcpy(&v.w[3], &r3, 4);
+    uint32_t r[4];
+    load16_pinned(r, ptr);
+    memcpy(&v.w[0], &r[0], 4);
+    memcpy(&v.w[1], &r[1], 4);
+    memcpy(&v.w[2], &r[2], 4);
+    memcpy(&v.w[3], &r[3], 4);
   } else {
     v.load(ptr);
   }
 }
 
 // Stores a head vector as one 16-byte store where it is one (after load_early, the compiler splits
-// some plain 16-byte stores into four).
+// some plain 16-byte stores into four: sgljit::store16_whole).
 template <typename T, int VEC>
 SGLJIT_DEVICE void store_vec(const HeadVec<T, VEC>& v, T* ptr) {
   if constexpr (sizeof(v.w) == 16) {
     uint32_t r[4];
     memcpy(r, &v.w, sizeof(r));
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
+    store16_whole(ptr, r);
   } else {
     v.store(ptr);
   }
@@ -690,23 +689,36 @@ inline int grid_size(int block, int groups, int device_id, RopeParams& p, bool p
   return grid;
 }
 
+// The blocks of a grid of `grid` blocks of kKernel that prefetch into L2 before the PDL wait (blocks
+// [0, result)): every block of a grid of up to one block per SM, the first wave of a grid of more than
+// a wave; none where the whole grid is resident at once (there the whole input's prefetches would
+// compete with the previous kernel's loads).
+template <auto kKernel>
+inline int32_t l2_prefetch_blocks(int grid, int block, int device_id) {
+  const int sms = num_sms(device_id);
+  const int64_t wave = int64_t{sms} * resident_blocks<kKernel>(device_id, block);
+  return grid <= sms ? grid : grid > wave ? static_cast<int32_t>(wave) : 0;
+}
+
 // The entry points. Shapes, strides (unit last dimension), dtypes, devices and overlap were checked by
 // the code sgljit.op generates from the ops' declared arguments (see ops.py); here only what the
 // specialization assumes: its dtypes, widths and style, and the alignment of its vectors.
-template <typename Want>
-inline void check_dtype(const TensorView& t, const char* name) {
-  RuntimeCheck(same_dtype(t.dtype(), DTypeTrait<Want>::value), name, ": this module was compiled for ",
-               DTypeTrait<Want>::name, ", got ", dtype_name(t.dtype()));
-}
-
 inline void check_style(bool is_neox, bool compiled) {
   RuntimeCheck(is_neox == compiled, "is_neox: this module was compiled for is_neox=", compiled ? "True" : "False");
 }
 
-inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot, int64_t head_dim) {
-  RuntimeCheck(cos_sin_cache.size(0) > 0, "cos_sin_cache: has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)");
+inline void check_head_dim(const TensorView& q, int64_t head_dim) {
+  RuntimeCheck(q.size(2) == head_dim, "q: this module was compiled for head_dim ", head_dim, ", got ", q.size(2));
+}
+
+inline void check_rotary_width(const TensorView& cos_sin_cache, int64_t rot) {
   RuntimeCheck(cos_sin_cache.size(1) == rot, "cos_sin_cache: this module was compiled for rotary_dim ", rot,
                ", got a cache of width ", cos_sin_cache.size(1));
+}
+
+inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot, int64_t head_dim) {
+  RuntimeCheck(cos_sin_cache.size(0) > 0, "cos_sin_cache: has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)");
+  check_rotary_width(cos_sin_cache, rot);
   RuntimeCheck(rot <= head_dim, "cos_sin_cache: its width ", rot, " (rotary_dim) exceeds head_dim ", head_dim);
 }
 
@@ -714,7 +726,7 @@ inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot, int64_t h
 // extent in kExtents (ROT / 2, and the head size where whole heads are copied).
 template <typename T, int... kExtents>
 constexpr int widest_vec() {
-  int vec = 16 / static_cast<int>(sizeof(T));
+  int vec = kVecSize<T>;
   while (vec > 1 && ((kExtents % vec != 0) || ...)) vec /= 2;
   return vec;
 }
@@ -726,14 +738,14 @@ constexpr int widest_vec() {
 template <typename T, typename CacheT>
 inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads, const TensorView& cache) {
   for (const TensorView* t : heads) {
-    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % (vec * sizeof(T)) != 0) return false;
+    if (!is_aligned(t->data_ptr(), vec * sizeof(T))) return false;
     for (int d = 0; d < 2; ++d) {
       if (t->size(d) > 1 && t->stride(d) % vec != 0) return false;
     }
   }
-  const int cos_max = 16 / static_cast<int>(sizeof(CacheT));
+  const int cos_max = kVecSize<CacheT>;
   const int cos_vec = vec < cos_max ? vec : cos_max;
-  if (reinterpret_cast<uintptr_t>(cache.data_ptr()) % (cos_vec * sizeof(CacheT)) != 0) return false;
+  if (!is_aligned(cache.data_ptr(), cos_vec * sizeof(CacheT))) return false;
   return cache.size(0) <= 1 || cache.stride(0) % cos_vec == 0;
 }
 
@@ -770,7 +782,7 @@ struct RopeLaunch {
     // Streaming stores (evict-first) where the rotated heads fit in L2: otherwise the whole output
     // stays in L2 as dirty lines, written back while the next kernels run.
     const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
-    const int64_t l2 = device_attribute(device.device_id, cudaDevAttrL2CacheSize);
+    const int64_t l2 = l2_bytes(device.device_id);
     const bool stream = rotated_bytes <= l2;
     // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
     constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
@@ -798,12 +810,7 @@ struct RopeLaunch {
   static void launch(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, RopeParams p,
                      DLDevice device) {
     const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p, /*persistent=*/false);
-    // L2 prefetch before the PDL wait: every block of a grid of up to one block per SM, the first wave
-    // of a grid of more than a wave; none where the whole grid is resident at once (there the whole
-    // input's prefetches would compete with the previous kernel's loads).
-    const int sms = num_sms(device.device_id);
-    const int64_t wave = int64_t{sms} * resident_blocks<kernel>(device.device_id, C::kBlock);
-    p.prefetch_blocks = grid <= sms ? grid : grid > wave ? static_cast<int32_t>(wave) : 0;
+    p.prefetch_blocks = l2_prefetch_blocks<kernel>(grid, C::kBlock, device.device_id);
     LaunchKernel(kernel, grid, C::kBlock, 0, device, "sgljit_rope::rope_kernel").pdl()(
         static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()),
         static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()), p);
@@ -813,9 +820,9 @@ struct RopeLaunch {
 template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX>
 void RopeKernel<T, CacheT, IdxT, ROT, NEOX>::run(TensorView q, TensorView k, TensorView cos_sin_cache,
                                                   TensorView positions, bool is_neox) {
-  check_dtype<T>(q, "q");
-  check_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
-  check_dtype<IdxT>(positions, "positions");
+  check_module_dtype<T>(q, "q");
+  check_module_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
+  check_module_dtype<IdxT>(positions, "positions");
   check_style(is_neox, NEOX);
   check_rotary(cos_sin_cache, ROT, q.size(2));
   if (vectors_fit<T, CacheT>(kVec, {&q, &k}, cos_sin_cache)) {
@@ -892,12 +899,12 @@ struct RopeKVKernel {
 
   static void run(TensorView q, TensorView k, TensorView v, TensorView k_cache, TensorView v_cache,
                   TensorView cos_sin_cache, TensorView positions, TensorView out_loc, bool is_neox) {
-    check_dtype<T>(q, "q");
-    check_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
-    check_dtype<IdxT>(positions, "positions");
-    check_dtype<LocT>(out_loc, "out_loc");
+    check_module_dtype<T>(q, "q");
+    check_module_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
+    check_module_dtype<IdxT>(positions, "positions");
+    check_module_dtype<LocT>(out_loc, "out_loc");
     check_style(is_neox, NEOX);
-    RuntimeCheck(q.size(2) == HEAD_DIM, "q: this module was compiled for head_dim ", HEAD_DIM, ", got ", q.size(2));
+    check_head_dim(q, HEAD_DIM);
     check_rotary(cos_sin_cache, ROT, HEAD_DIM);
     if (vectors_fit<T, CacheT>(kVec, {&q, &k, &v, &k_cache, &v_cache}, cos_sin_cache)) {
       RopeKVLaunch<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, kVec, ROTATE_K>::run(q, k, v, k_cache, v_cache,

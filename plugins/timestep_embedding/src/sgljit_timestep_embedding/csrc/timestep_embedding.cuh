@@ -256,8 +256,7 @@ struct TimestepEmbeddingKernel {
 
   static void run(tvm::ffi::TensorView t, tvm::ffi::TensorView out, bool flip_sin_to_cos,
                   double downscale_freq_shift, double scale, double max_period) {
-    RuntimeCheck(same_dtype(out.dtype(), DTypeTrait<TOut>::value), "out: this module was compiled for dtype ",
-                 dtype_name(DTypeTrait<TOut>::value), ", got ", dtype_name(out.dtype()));
+    check_module_dtype<TOut>(out, "out", "dtype ");
     const int64_t rows = out.size(0), dim = out.size(1);
     RuntimeCheck(dim >= 1 && dim <= (int64_t{1} << 30), "out: dim must be in [1, 2^30], got ", dim);
     const int64_t half = dim / 2;
@@ -277,7 +276,7 @@ struct TimestepEmbeddingKernel {
     p.neg_log_max_period = static_cast<float>(-std::log(max_period));
     p.denominator = static_cast<float>(denominator);
     p.scale = static_cast<float>(scale);
-    const bool aligned = reinterpret_cast<uintptr_t>(p.out) % kVecBytes == 0;
+    const bool aligned = is_aligned(p.out, kVecBytes);
     const bool rows_kernel =
         aligned && dim % 2 == 0 && p.half > 0 && p.half % V == 0 && p.half / V <= 256 * 65535;
     p.groups = rows_kernel ? p.half / V : 0;
