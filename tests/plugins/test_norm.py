@@ -78,6 +78,13 @@ QUANT_CASES = {
         (FP32, 1001, E4M3),
     ],
 }
+# RMSNorm -> fp8 with float32 weights: CUDA in registers (4096, 5120), from L1 (16384), generic (100).
+MIXED_QUANT_CASES = {
+    "reference": [(BF16, 128, E4M3)],
+    "sycl": [(BF16, 1024, E4M3), (FP16, 1000, E5M2)],
+    "cuda": [(BF16, 4096, E4M3), (BF16, 5120, E4M3), (FP16, 8192, E5M2), (BF16, 16384, E4M3),
+             (BF16, 100, E5M2)],
+}  # fmt: skip
 ACROSS_CASES = {  # (dtype, q width, k width)
     "reference": [(BF16, 256, 128)],
     "sycl": [(BF16, 512, 128), (FP32, 1000, 200)],
@@ -139,7 +146,9 @@ def _cuda_specs() -> list[dict]:
     for dt, wq, wk in ACROSS_CASES["cuda"]:
         specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk)))
     for dt, h, f8 in QUANT_CASES["cuda"]:
-        specs.append(dict(op="rmsnorm_quant_fp8_static", **ops._quant_params(dt, f8, h)))
+        specs.append(dict(op="rmsnorm_quant_fp8_static", **ops._quant_params(dt, dt, f8, h)))
+    for dt, h, f8 in MIXED_QUANT_CASES["cuda"]:
+        specs.append(dict(op="rmsnorm_quant_fp8_static", **ops._quant_params(dt, FP32, f8, h)))
     for dt, d, wq, wk in MIXED_QK_CASES["cuda"]:
         specs.append(dict(op="qknorm", dtype=dt, weight=FP32, width=w(dt, d)))
         specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk, FP32)))
@@ -646,9 +655,19 @@ def _quant_call(fused, x, r, w, scale, eps, **kw):
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused_add"])
 @pytest.mark.parametrize(("backend", "case"), _backend_cases(QUANT_CASES))
 def test_rmsnorm_quant_fp8(backend, case, fused, dynamic, backend_env):
+    _check_quant(backend, *case, fused, dynamic, backend_env, weight_dtype=None)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "per_token"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused_add"])
+@pytest.mark.parametrize(("backend", "case"), _backend_cases(MIXED_QUANT_CASES))
+def test_rmsnorm_quant_fp8_float32_weights(backend, case, fused, dynamic, backend_env):
+    _check_quant(backend, *case, fused, dynamic, backend_env, weight_dtype=FP32)
+
+
+def _check_quant(backend, dtype, h, f8, fused, dynamic, backend_env, weight_dtype):
     device, ctx = backend_env
-    dtype, h, f8 = case
-    w = _randn((h,), dtype, device, 50)
+    w = _randn((h,), weight_dtype or dtype, device, 50)
     for t in TOKENS[backend]:
         # rows over three magnitudes
         x = _randn((t, h), dtype, device, 600 + t, scale=3.0)
@@ -664,6 +683,7 @@ def test_rmsnorm_quant_fp8(backend, case, fused, dynamic, backend_env):
         with ctx():
             got, got_scale = _quant_call(fused, x, r, w, scale, 1e-6, out=out, scales=scales)
         what = f"{'fused_add_' if fused else ''}rmsnorm_quant_fp8 T={t} H={h} {dtype}->{f8}"
+        what += f" weight {weight_dtype}" if weight_dtype else ""
         assert got is out and got_scale is (scales if dynamic else scale), what
         if dynamic:
             torch.testing.assert_close(
@@ -866,6 +886,8 @@ def test_rmsnorm_quant_fp8_bad_arguments_name_themselves():
         ops.rmsnorm_quant_fp8(x, w, out=torch.empty(1, 64, dtype=E4M3).expand(3, 64))
     with pytest.raises(ValueError, match=r"^residual: dtype expected bfloat16"):
         ops.fused_add_rmsnorm_quant_fp8(x, x.half(), w)
+    with pytest.raises(ValueError, match=r"^weight: dtype expected"):  # input's dtype or float32
+        ops.rmsnorm_quant_fp8(x, w.half())
     with pytest.raises(TypeError, match=r"^input: expected a torch.Tensor"):
         ops.rmsnorm_quant_fp8([1.0], w)
 

@@ -54,7 +54,13 @@ def prebuild_jobs(
         if not target:
             continue
         try:
-            specs = load_target(target).prebuild_specs(backend, cases=cases)
+            family = load_target(target)
+            # `cases` only when asked: a family object of its own may take the backend alone
+            specs = (
+                family.prebuild_specs(backend, cases=True)
+                if cases
+                else family.prebuild_specs(backend)
+            )
         except Exception as err:
             problems.append(
                 f"plugin {name!r}: {target}.prebuild_specs({backend!r}) failed: "

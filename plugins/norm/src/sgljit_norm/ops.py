@@ -451,14 +451,23 @@ _E4M3, _E5M2 = FP8_DTYPES
 _QUANT_TOL = {_E4M3: 0.125, _E5M2: 0.25}  # one fp8 step (see _quant_cases)
 
 
-def _quant_params(dtype: torch.dtype, fp8_dtype: torch.dtype, hidden: int) -> dict:
-    return {"dtype": dtype, "fp8_dtype": fp8_dtype, "width": compiled_width(dtype, hidden)}
+def _quant_params(
+    dtype: torch.dtype, weight: torch.dtype, fp8_dtype: torch.dtype, hidden: int
+) -> dict:
+    return {
+        "dtype": dtype,
+        "weight": weight,
+        "fp8_dtype": fp8_dtype,
+        "width": compiled_width(dtype, hidden),
+    }
 
 
 def _quant_sycl_key(input, out, *read) -> dict:
-    """The norm's SYCL key (access width from input, residual and weight) and the fp8 format."""
+    """The norm's SYCL key (access width from input, residual and weight; the weight, last, gives
+    its dtype) and the fp8 format."""
     hidden = input.shape[-1]
-    return {**_sycl_key(input.dtype, hidden, _sycl_vec(hidden, *read)), "NQ_FP8": out.dtype}
+    vec = _sycl_vec(hidden, *read)
+    return {**_sycl_key(input.dtype, hidden, vec, read[-1].dtype), "NQ_FP8": out.dtype}
 
 
 def _span(t: torch.Tensor) -> tuple | None:
@@ -517,16 +526,19 @@ def _quant_launch(name: str, fused: bool, dynamic: bool):
     return launch
 
 
-def _quant_case(tokens, hidden, dtype, fp8_dtype, *, fused, dynamic, pad=0, label="") -> Case:
+def _quant_case(
+    tokens, hidden, dtype, fp8_dtype, *, fused, dynamic, pad=0, label="", weight=None
+) -> Case:
     """Random rows over several magnitudes; a static scale that saturates some e4m3 values. ``pad``:
-    input, residual and out are column slices of wider buffers (strided rows; pad odd: unaligned)."""
+    input, residual and out are column slices of wider buffers (strided rows; pad odd: unaligned).
+    ``weight``: its dtype (default: the input's)."""
 
     def make(device):
         def rows(mul):  # rows of different magnitudes, as column slices of a wider buffer
             full = torch.randn(tokens, hidden + pad, device=device) * mul
             return full.mul(torch.rand(tokens, 1, device=device) + 0.1).to(dtype)[:, pad:]
 
-        w = torch.randn(hidden, device=device).to(dtype)
+        w = torch.randn(hidden, device=device).to(weight or dtype)
         out = torch.empty(tokens, hidden + pad, device=device, dtype=fp8_dtype)[:, pad:]
         scale = torch.tensor([0.0075], device=device)
         scales = torch.empty(tokens, 1, device=device)
@@ -541,7 +553,8 @@ def _quant_case(tokens, hidden, dtype, fp8_dtype, *, fused, dynamic, pad=0, labe
 
 
 def _quant_cases(fused: bool, dynamic: bool) -> list[Case]:
-    """T=1, odd widths (generic kernel), strided and unaligned rows, both fp8 formats. Tolerance:
+    """T=1, odd widths (generic kernel), strided and unaligned rows, both fp8 formats, float32
+    weights. Tolerance:
     one fp8 step (max_error of adjacent codes is below 1/8 for e4m3, 1/4 for e5m2): the float32
     normalized value depends in its last bits on the backend's rsqrt and summation order, which
     moves a quotient lying that close to a rounding boundary (or on it: common with 16-bit inputs
@@ -553,11 +566,20 @@ def _quant_cases(fused: bool, dynamic: bool) -> list[Case]:
         _quant_case(5, 1000, torch.float16, _E4M3, pad=24, label=" strided", **kw),
         _quant_case(3, 37, torch.bfloat16, _E5M2, **kw),
         _quant_case(4, 1001, torch.float32, _E4M3, pad=1, label=" unaligned", **kw),
+        _quant_case(
+            6, 2048, torch.bfloat16, _E4M3, label=" weight float32", weight=torch.float32, **kw
+        ),
+        _quant_case(
+            2, 1000, torch.float16, _E5M2, label=" weight float32", weight=torch.float32, **kw
+        ),
     ]
 
 
 _QUANT_PREBUILD = {
-    "cuda": [{"dtype": torch.bfloat16, "fp8_dtype": _E4M3, "width": h} for h in _FLEET_HIDDENS],
+    "cuda": [
+        {"dtype": torch.bfloat16, "weight": torch.bfloat16, "fp8_dtype": _E4M3, "width": h}
+        for h in _FLEET_HIDDENS
+    ],
     "sycl": [{**_sycl_key(torch.bfloat16, h, 8), "NQ_FP8": _E4M3} for h in _FLEET_HIDDENS],
 }
 
@@ -566,7 +588,7 @@ def _quant_op(name: str, ref, *, fused: bool, dynamic: bool):
     args = {"input": Tensor("num_tokens", "hidden")}
     if fused:
         args["residual"] = Tensor("num_tokens", "hidden", dtype="input", io="inout")
-    args["weight"] = Tensor("hidden", dtype="input", layout="contiguous")
+    args["weight"] = Tensor("hidden", dtype=_WEIGHT_DTYPES, layout="contiguous")
     out = Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, io="out")
     if dynamic:
         args["out"] = out
@@ -575,7 +597,7 @@ def _quant_op(name: str, ref, *, fused: bool, dynamic: bool):
         args["scale"] = Tensor(1, dtype=_FP32, layout="strided")
         args["out"] = out
     args["eps"] = Scalar(float, min=0.0)
-    out_index = list(args).index("out")
+    out_index, weight_index = list(args).index("out"), list(args).index("weight")
     read = [list(args).index(n) for n in ("input", "residual", "weight") if n in args]
 
     def checked_reference(*a):
@@ -596,8 +618,8 @@ def _quant_op(name: str, ref, *, fused: bool, dynamic: bool):
         doc=ref.__doc__,
         cuda=Cuda(
             "csrc/norm_quant.cuh",
-            f"sgljit_norm_quant::NormQuantFp8<{{dtype}}, {{fp8_dtype}}, {{width}}>::{entry}",
-            key=lambda *a: (a[0].dtype, a[out_index].dtype, a[0].shape[1]),
+            f"sgljit_norm_quant::NormQuantFp8<{{dtype}}, {{weight}}, {{fp8_dtype}}, {{width}}>::{entry}",
+            key=lambda *a: (a[0].dtype, a[weight_index].dtype, a[out_index].dtype, a[0].shape[1]),
             params=_quant_params,
             module="quant",
         ),
@@ -848,7 +870,7 @@ def rmsnorm_quant_fp8(
     fp8_max).to(fp8_dtype)`` (correctly rounded float32 division, round to nearest even).
 
     input ``[..., H]`` (float16, bfloat16, float32; rows may be strided, the last dimension
-    contiguous), weight ``[H]`` of its dtype. ``scale``: a float32 tensor ``[1]`` (or ``[]``), the
+    contiguous), weight ``[H]`` of its dtype or float32. ``scale``: a float32 tensor ``[1]`` (or ``[]``), the
     static scale; ``None``: dynamic, one scale per row (token),
     ``max(absmax(y of the row) / fp8_max, 2^-126)``, written to ``scales`` (float32 ``[..., 1]``
     or ``[T]``; allocated if not given). ``fp8_dtype``: torch.float8_e4m3fn (fp8_max 448, the

@@ -1,13 +1,13 @@
 // RMSNorm -> fp8 in one pass: rmsnorm_quant_fp8 and fused_add_rmsnorm_quant_fp8, each with a static
 // scale (scale[0]) or a dynamic scale per token (row).
 //
-//   y      = x * rsqrt(mean(x^2) + eps) * w                    fp32, as rmsnorm; NOT rounded to T
+//   y      = x * rsqrt(mean(x^2) + eps) * w                    fp32, as rmsnorm; NOT rounded to T (w: T or fp32)
 //   out    = (y / scale).clamp(-fp8_max, fp8_max).to(fp8)      correctly rounded division (sgljit/fp8.cuh)
 //   scale  = max(absmax(y of the row) / fp8_max, 2^-126)       per token, written to scales[row]
 //   fused: residual <- x + residual (rounded to T) first, and the row is that rounded sum; x is only read.
 //
 // Fast path (H a whole number of 16-byte vectors, at most NormConfig::kMaxVecsPerRow of them;
-// input / residual / weight rows 16-byte aligned, out rows aligned to a vector's fp8 bytes): the norm
+// input / residual rows 16-byte aligned, the weight to a vector of its type, out rows to a vector's fp8 bytes): the norm
 // plugin's row design and row groups (csrc/norm.cuh). A "row group" of threads holds the row (and the weight) in
 // registers, every load issued together, so x is read from memory once; up to 32 threads the group is
 // a (sub-)warp reduced by shuffles, beyond it a multi-warp group reduced through shared memory
@@ -72,20 +72,20 @@ struct NormQuantConfig {
 };
 
 // How a row of kH elements of T is spread over a row group of threads holding about kTarget vectors:
-// rmsnorm's row groups, one row a group (the weight, of T, in registers within the target), and the
+// rmsnorm's row groups, one row a group (the weight, of W, in registers within the target), and the
 // threads of a block.
-template <typename T, int kH, int kTarget>
-struct RowShape : sgljit_norm::RowConfig<T, kH, kTarget, T, /*kPackable=*/false> {
+template <typename T, int kH, int kTarget, typename W>
+struct RowShape : sgljit_norm::RowConfig<T, kH, kTarget, W, /*kPackable=*/false> {
   static constexpr int kBlock = sgljit_norm::group_block(RowShape::kThreads);
 };
 
 // The kernels' arguments; strides in elements (out: fp8 bytes). In the fused add `in` is x and `res`
 // the residual (read, then overwritten with x + residual); elsewhere res is unused.
-template <typename T>
+template <typename T, typename W>
 struct NormQuantArgs {
   const T* in;
   T* res;
-  const T* weight;
+  const W* weight;  // of T or float32
   uint8_t* out;
   const float* scale;  // static: scale[0]
   float* scales;       // dynamic: one per row
@@ -116,16 +116,17 @@ SGLJIT_DEVICE uint32_t group_max(uint32_t v, float* red) {
 // ------------------------------------------------------------------------------------------------
 // Fast path
 // ------------------------------------------------------------------------------------------------
-template <typename T, typename Q, int kH, int kTarget, bool kFused, bool kDynamic>
-__global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
-                                  std::max(1, NormQuantConfig::kThreadsPerSM / RowShape<T, kH, kTarget>::kBlock))
-    norm_quant_kernel(const NormQuantArgs<T> a, const bool prefetch) {
-  using Shape = RowShape<T, kH, kTarget>;
+template <typename T, typename W, typename Q, int kH, int kTarget, bool kFused, bool kDynamic>
+__global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
+                                  std::max(1, NormQuantConfig::kThreadsPerSM / RowShape<T, kH, kTarget, W>::kBlock))
+    norm_quant_kernel(const NormQuantArgs<T, W> a, const bool prefetch) {
+  using Shape = RowShape<T, kH, kTarget, W>;
   static_assert(Shape::kValid, "RowShape: H must be a multiple of the vector width, at most kMaxVecsPerRow vectors");
   constexpr int kVec = Shape::kVec, kNumVec = Shape::kNumVec, kTPR = Shape::kThreads, kVPT = Shape::kVecsPerThread;
   constexpr int kBlock = Shape::kBlock, kRowsPerBlock = kBlock / kTPR, kRedSlots = kBlock / 32;
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
   using V = AlignedVector<T, kVec>;
+  using WV = AlignedVector<W, kVec>;  // the weight of a vector of the row (32 bytes for float32 of 16-bit T)
   using Out = typename sgljit::RawBytes<kVec>::type;  // kVec fp8 bytes
   __shared__ float red[2 * kRedSlots];
 
@@ -141,12 +142,12 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
       sgljit::prefetch_l2_bulk(a.in + row * a.in_stride, kNumVec * 16);
       if constexpr (kFused) sgljit::prefetch_l2_bulk(a.res + row * a.res_stride, kNumVec * 16);
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) sgljit::prefetch_l2_bulk(a.weight, kNumVec * 16);
+    if (blockIdx.x == 0 && threadIdx.x == 0) sgljit::prefetch_l2_bulk(a.weight, kNumVec * kVec * sizeof(W));
   }
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
 
-  V w[Shape::kWeightInRegs ? kVPT : 1];
+  WV w[Shape::kWeightInRegs ? kVPT : 1];
   if constexpr (Shape::kWeightInRegs) {
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
       if constexpr (Shape::kWeightInRegs) {
         return w[j];
       } else {
-        V wv;
+        WV wv;
         wv.load(a.weight + col(j));
         return wv;
       }
@@ -210,7 +211,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
 #pragma unroll
         for (int j = 0; j < kVPT; ++j) {
           if (has(j)) {
-            const V wv = weight(j);
+            const WV wv = weight(j);
 #pragma unroll
             for (int e = 0; e < kVec; ++e) m = max(m, sgljit::abs_bits(to_float(x[j][e]) * inv_rms * to_float(wv[e])));
           }
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
 #pragma unroll
       for (int j = 0; j < kVPT; ++j) {
         if (has(j)) {
-          const V wv = weight(j);
+          const WV wv = weight(j);
           uint16_t pairs[kVec / 2];
 #pragma unroll
           for (int e = 0; e < kVec; e += 2) {
@@ -256,9 +257,9 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget>::kBlock,
 // ------------------------------------------------------------------------------------------------
 // Generic path: any width, any alignment
 // ------------------------------------------------------------------------------------------------
-template <typename T, typename Q, bool kFused, bool kDynamic>
+template <typename T, typename W, typename Q, bool kFused, bool kDynamic>
 __global__ void __launch_bounds__(NormQuantConfig::kGenericThreads)
-    norm_quant_generic_kernel(const NormQuantArgs<T> a) {
+    norm_quant_generic_kernel(const NormQuantArgs<T, W> a) {
   __shared__ float red[32];
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
@@ -309,23 +310,23 @@ __global__ void __launch_bounds__(NormQuantConfig::kGenericThreads)
 // ------------------------------------------------------------------------------------------------
 // Host side
 // ------------------------------------------------------------------------------------------------
-template <typename T, bool kFused>
-bool fast_layout(const NormQuantArgs<T>& a) {
+template <typename T, typename W, bool kFused>
+bool fast_layout(const NormQuantArgs<T, W>& a) {
   using sgljit::is_aligned;
   constexpr int64_t kVec = sgljit::kVecSize<T>;
-  bool ok = is_aligned(a.in, 16) && is_aligned(a.weight, 16) && is_aligned(a.out, kVec);
+  bool ok = is_aligned(a.in, 16) && is_aligned(a.weight, kVec * sizeof(W)) && is_aligned(a.out, kVec);
   ok = ok && a.in_stride % kVec == 0 && a.out_stride % kVec == 0;
   if constexpr (kFused) ok = ok && is_aligned(a.res, 16) && a.res_stride % kVec == 0;
   return ok;
 }
 
-template <typename T, typename Q, int kH, bool kFused, bool kDynamic>
-void launch(const NormQuantArgs<T>& a, DLDevice device, const char* name) {
+template <typename T, typename W, typename Q, int kH, bool kFused, bool kDynamic>
+void launch(const NormQuantArgs<T, W>& a, DLDevice device, const char* name) {
   constexpr int kTarget = kFused ? NormQuantConfig::kFusedVecsPerThread : NormQuantConfig::kVecsPerThread;
-  using Shape = RowShape<T, kH, kTarget>;
+  using Shape = RowShape<T, kH, kTarget, W>;
   if constexpr (kH > 0 && Shape::kValid) {
-    if (fast_layout<T, kFused>(a)) {
-      constexpr auto kernel = norm_quant_kernel<T, Q, kH, kTarget, kFused, kDynamic>;
+    if (fast_layout<T, W, kFused>(a)) {
+      constexpr auto kernel = norm_quant_kernel<T, W, Q, kH, kTarget, kFused, kDynamic>;
       const int64_t groups = div_ceil<int64_t>(a.rows, Shape::kBlock / Shape::kThreads);
       const int grid = static_cast<int>(std::min<int64_t>(groups, 0x7fffffff));
       const bool prefetch = grid <= int64_t{sgljit::num_sms(device.device_id)} * NormQuantConfig::kPrefetchBlocksPerSM;
@@ -333,7 +334,7 @@ void launch(const NormQuantArgs<T>& a, DLDevice device, const char* name) {
       return;
     }
   }
-  constexpr auto kernel = norm_quant_generic_kernel<T, Q, kFused, kDynamic>;
+  constexpr auto kernel = norm_quant_generic_kernel<T, W, Q, kFused, kDynamic>;
   constexpr int kThreads = NormQuantConfig::kGenericThreads;
   const int64_t resident =
       int64_t{sgljit::num_sms(device.device_id)} * sgljit::resident_blocks<kernel>(device.device_id, kThreads);
@@ -352,7 +353,8 @@ inline void check_unshared(const TensorView& written, const char* name, const Te
 // generates from the ops' declared arguments (see ops.py): input, residual [T, H] and out [T, H] fp8 with
 // unit last stride, weight [H] contiguous, scale fp32 [1], scales fp32 [T, 1] contiguous. Here: the width
 // and fp8 format this module was compiled for, and that written tensors share no memory with the others.
-template <typename T, typename Q, int kH>
+// W: the weight's element type (T or float32; the key chose the module).
+template <typename T, typename W, typename Q, int kH>
 struct NormQuantFp8 {
   template <bool kFused, bool kDynamic>
   static void run(const TensorView& input, const TensorView* residual, const TensorView& weight, const TensorView& out,
@@ -363,9 +365,9 @@ struct NormQuantFp8 {
     if (n == 0) return;
     // The stride of a size-1 dimension is meaningless (and may be anything): make it 0.
     auto s0 = [n](const TensorView& t) { return n == 1 ? int64_t{0} : t.stride(0); };
-    NormQuantArgs<T> a{};
+    NormQuantArgs<T, W> a{};
     a.in = static_cast<const T*>(input.data_ptr());
-    a.weight = static_cast<const T*>(weight.data_ptr());
+    a.weight = static_cast<const W*>(weight.data_ptr());
     a.out = static_cast<uint8_t*>(out.data_ptr());
     a.rows = n;
     a.hidden = input.size(1);
@@ -378,7 +380,7 @@ struct NormQuantFp8 {
     }
     if (scale) a.scale = static_cast<const float*>(scale->data_ptr());
     if (scales) a.scales = static_cast<float*>(scales->data_ptr());
-    launch<T, Q, kH, kFused, kDynamic>(a, input.device(), name);
+    launch<T, W, Q, kH, kFused, kDynamic>(a, input.device(), name);
   }
 
   // out = quantize(rmsnorm(input) / scale[0]).
