@@ -25,7 +25,16 @@ import sys
 
 import sglang_provider as sglang_jit
 import torch
-from harness import Case, Op, Provider, nbytes, run_family, standard_providers
+from harness import (
+    MODEL_HEADS,
+    MODEL_TOKENS,
+    Case,
+    Op,
+    Provider,
+    nbytes,
+    run_family,
+    standard_providers,
+)
 
 TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
 WIDE_TOKENS = (1, 128, 16384)
@@ -50,20 +59,6 @@ MODEL_HIDDENS = (
     8704,
     12288,
     16384,
-)
-MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
-# (q heads, k heads, head_dim) of real attention layers: Qwen3-0.6B/1.7B 16/8x128, Qwen2.5-7B 28/4x128,
-# Llama-3-8B / Qwen3-8B 32/8x128, Qwen3-14B 40/8x128, Qwen3-32B / Llama-3-70B 64/8x128, Llama-3.1-405B
-# 128/8x128, Gemma-2-2B 8/4x256, small models' 14/2x64.
-MODEL_HEADS = (
-    (16, 8, 128),
-    (28, 4, 128),
-    (32, 8, 128),
-    (40, 8, 128),
-    (64, 8, 128),
-    (128, 8, 128),
-    (8, 4, 256),
-    (14, 2, 64),
 )
 QK_TOKENS = (1, 128, 1024, 16384)
 QUICK_HIDDENS = (2048, 3584, 4096, 5120, 7168, 8192)

@@ -31,7 +31,7 @@ import sys
 
 import sglang_provider as sglang_jit
 import torch
-from harness import Case, Op, nbytes, run_family, standard_providers
+from harness import MODEL_TOKENS, Case, Op, nbytes, run_family, standard_providers
 
 TOKENS = (1, 16, 128, 1024, 2048, 4096, 8192, 16384, 65536)
 HIDDEN = 4096
@@ -43,7 +43,6 @@ MIN_SCALE = 2.0**-126
 # hidden), 7168 (DeepSeek-V3 hidden), 8192 (Llama-3-70B hidden), 12288 (Qwen3-8B intermediate),
 # 14336 (Llama-3-8B / Mistral-7B intermediate), 18432 (DeepSeek-V3's dense-layer intermediate).
 MODEL_HIDDENS = (2048, 4096, 5120, 7168, 8192, 12288, 14336, 18432)
-MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
 QUICK_HIDDENS = (4096, 7168, 14336)
 QUICK_TOKENS = (1, 128, 4096, 65536)
 

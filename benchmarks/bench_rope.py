@@ -25,7 +25,7 @@ Shapes (bf16, fp32 cos_sin_cache), --grid default (the issue's shapes):
   apply_rope_with_kv_cache   the same heads, neox, T in KV_TOKENS (decode sizes 1-256 and prefill)
   qknorm_rope                Qwen3's 32/8, 64/8, 16/8 heads x 128 (QK_HEADS), T in QK_TOKENS
 --grid models: real models' attention heads (MODEL_ROPE: q/k heads, head_dim, rotary_dim, style,
-  partial rotary included) at MODEL_TOKENS; the KV store for the main head layouts (MODEL_KV_HEADS)
+  partial rotary included) at MODEL_TOKENS; the KV store for the models' head layouts (MODEL_HEADS)
   at decode sizes T = 1-256 plus 1024 and 16384 (MODEL_KV_TOKENS); qknorm_rope over Qwen3's heads
   (MODEL_QK_HEADS). --grid quick: a few of each (QUICK_*), for A/B runs.
 
@@ -46,6 +46,8 @@ from harness import (
     COMPILE,
     EAGER,
     LIGER,
+    MODEL_HEADS,
+    MODEL_TOKENS,
     SGLJIT,
     Case,
     Op,
@@ -86,17 +88,8 @@ MODEL_ROPE = (
     (32, 2, 128, 64, False),
     (32, 8, 128, 128, False),
 )
-MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
-# rope + KV store: the main layouts above (whole heads, neox), at decode sizes and two prefill sizes
-MODEL_KV_HEADS = (
-    (16, 8, 128),
-    (28, 4, 128),
-    (32, 8, 128),
-    (40, 8, 128),
-    (64, 8, 128),
-    (128, 8, 128),
-    (8, 4, 256),
-)
+# rope + KV store: the attention layouts of real models (harness.MODEL_HEADS: whole heads, neox), at
+# decode sizes and two prefill sizes
 MODEL_KV_TOKENS = (1, 8, 32, 64, 128, 256, 1024, 16384)
 # qknorm_rope: Qwen3-0.6B/1.7B 16/8, Qwen3-4B/8B 32/8, Qwen3-14B 40/8, Qwen3-32B 64/8 (x 128)
 MODEL_QK_HEADS = ((16, 8), (32, 8), (40, 8), (64, 8))
@@ -325,7 +318,7 @@ def ops(grid: str = "default") -> list[Op]:
         quick = grid == "quick"
         heads, tokens = (QUICK_ROPE, QUICK_TOKENS) if quick else (MODEL_ROPE, MODEL_TOKENS)
         kv_heads, kv_tokens = (
-            (QUICK_KV_HEADS, QUICK_KV_TOKENS) if quick else (MODEL_KV_HEADS, MODEL_KV_TOKENS)
+            (QUICK_KV_HEADS, QUICK_KV_TOKENS) if quick else (MODEL_HEADS, MODEL_KV_TOKENS)
         )
         qk_heads, qk_tokens = (
             (QUICK_QK_HEADS, QUICK_TOKENS) if quick else (MODEL_QK_HEADS, QK_TOKENS)

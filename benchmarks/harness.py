@@ -44,6 +44,21 @@ LIGER = "liger"
 
 Inputs = dict[str, Any]
 GRIDS = ("default", "models", "quick")
+# The `models` grid's shared facts. Token counts, decode to long prefill:
+MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
+# (q heads, kv heads, head_dim) of real attention layers: Qwen3-0.6B/1.7B 16/8x128, Qwen2.5-7B
+# 28/4x128, Llama-3-8B / Qwen3-8B 32/8x128, Qwen3-14B 40/8x128, Qwen3-32B / Llama-3-70B 64/8x128,
+# Llama-3.1-405B 128/8x128, Gemma-2-2B 8/4x256, small models' 14/2x64.
+MODEL_HEADS = (
+    (16, 8, 128),
+    (28, 4, 128),
+    (32, 8, 128),
+    (40, 8, 128),
+    (64, 8, 128),
+    (128, 8, 128),
+    (8, 4, 256),
+    (14, 2, 64),
+)
 
 
 # --------------------------------------------------------------------------------------------
