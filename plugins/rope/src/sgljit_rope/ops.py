@@ -47,14 +47,22 @@ _FLEET_HEADS = ((64, 64), (128, 128), (128, 64), (256, 256), (512, 64))
 
 
 def _pick_vec(
-    tensors, cos_sin_cache, max_pos: int, rotary_dim: int, head_dim: int, cache_size: int = 4
+    tensors,
+    cos_sin_cache,
+    max_pos: int,
+    rotary_dim: int,
+    head_dim: int,
+    cache_size: int = 4,
+    aligned=(),
 ) -> int:
     """The vector width (elements) of a SYCL specialization (CUDA modules choose theirs in C++):
     the widest power of two, up to 16 bytes,
     that divides ``rotary_dim // 2``, ``head_dim``, every [T, H, D] tensor's data pointer (in
     elements) and its strides of T and H (where that size is > 1); cos/sin (``cache_size``-byte
     elements) are read up to 16 bytes at a time (``min(vec, 16 // cache_size)`` elements), so that
-    many elements must divide the cache's pointer and (if it has rows > 1) its row stride.
+    many elements must divide the cache's pointer and (if it has rows > 1) its row stride. The
+    tensors ``aligned`` (of the same dtype) are read that many elements at a time from their
+    pointers: each pointer too.
 
     Pointers and strides are combined as bits in one pass; only when that finds less than 16 bytes
     are the sizes read (a stride of a size-1 dimension does not count).
@@ -62,6 +70,8 @@ def _pick_vec(
     size = tensors[0].element_size()
     counts = (rotary_dim >> 1) | head_dim
     pointers = 16
+    for t in aligned:
+        pointers |= t.data_ptr()
     for t in tensors:
         st, sh, _ = t.stride()
         counts |= st | sh
@@ -231,29 +241,11 @@ _QKR_MAX_HEAD_DIM = 1024
 
 def _qknorm_rope_vec(q, k, q_weight, k_weight, cos_sin_cache, max_pos: int, rot: int) -> int:
     """The vector width (elements) of a SYCL qknorm_rope specialization (CUDA modules choose theirs
-    in C++): the widest power of two, up to
-    16 bytes, that divides ``head_dim / 2``, ``rotary_dim / 2``, every data pointer (in elements),
-    and q's and k's strides of T and H (where that size is > 1); cos/sin (fp32) are read
-    ``min(vec, 4)`` at a time, so that many floats must divide the cache's pointer and (if it has
-    rows > 1) its row stride. Pointers and strides are combined as bits, and only when that finds
-    less than 16 bytes are the sizes read."""
-    size = q.element_size()
-    qs, ks = q.stride(), k.stride()
-    counts = ((rot | q.shape[2]) >> 1) | qs[0] | qs[1] | ks[0] | ks[1]
-    pointers = 16 | q.data_ptr() | k.data_ptr() | q_weight.data_ptr() | k_weight.data_ptr()
-    bits = (counts * size) | pointers
-    vec = (bits & -bits) // size
-    if vec < 16 // size:  # strides of size-1 dimensions do not count
-        counts = (rot | q.shape[2]) >> 1
-        for (st, sh, _), (nt, nh, _) in ((qs, q.shape), (ks, k.shape)):
-            counts |= (st if nt > 1 else 0) | (sh if nh > 1 else 0)
-        bits = (counts * size) | pointers
-        vec = max(1, (bits & -bits) // size)
-    cache = cos_sin_cache.data_ptr() | 16  # in bytes
-    if max_pos > 1:
-        cache |= cos_sin_cache.stride()[0] << 2
-    floats = (cache & -cache) >> 2  # at most 4
-    return vec if floats == 4 else max(1, min(vec, floats))
+    in C++): :func:`_pick_vec` over q and k, whose vector pairs need it to divide ``head_dim / 2``
+    (not ``head_dim``), and the two weights' pointers."""
+    return _pick_vec(
+        (q, k), cos_sin_cache, max_pos, rot, q.shape[2] // 2, aligned=(q_weight, k_weight)
+    )
 
 
 def _check_qknorm_rope_head(head_dim: int) -> None:

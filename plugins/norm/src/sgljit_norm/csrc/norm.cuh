@@ -129,6 +129,8 @@ struct RowConfig {
   // 16-bit rows beyond it read the weight from L1 after the reduction, to stay within the register
   // budget without spilling. Rows of at most 32 vectors hold at most 2 weight vectors: registers.
   static constexpr bool kWeightInRegs = kNumVec <= 32 || kVecsPerThread * sizeof(W) <= kTarget * sizeof(T);
+  // Rows a block of `block` threads holds: its row groups' rows.
+  static constexpr int rows_per_block(int block) { return block / kThreads * kRows; }
 };
 
 // Threads per block: one multi-warp row group, or 4 warps of (sub-)warp groups. Small blocks spread
@@ -207,7 +209,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
   constexpr int kR = Cfg::kRows;
   constexpr bool kWeightInRegs = Cfg::kWeightInRegs;
-  constexpr int kRowsPerBlock = kBlock / kTPR * kR;
+  constexpr int kRowsPerBlock = Cfg::rows_per_block(kBlock);
   static_assert(kBlock % kTPR == 0, "a block holds whole row groups");
   static_assert(kR == 1 || kTPR <= 32, "row groups of several rows are (sub-)warps");
   constexpr bool kExact = kNumVec % kTPR == 0;  // every thread has kVPT vectors
@@ -290,8 +292,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
       ss[0] = group_sum<kTPR>(ss[0], red + parity * kRedSlots);
       parity ^= 1;
     } else {
-#pragma unroll
-      for (int i = 0; i < kR; ++i) ss[i] = sgljit::warp_reduce_sum<kTPR>(ss[i]);
+      sgljit::warp_reduce_sum<kTPR>(ss, sgljit::kFullMask);
     }
 #pragma unroll
     for (int i = 0; i < kR; ++i) {
@@ -464,12 +465,10 @@ void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float
                  const char* name) {
   constexpr int kBlock = kBlockThreads<T, kHA, kHB, kTarget>;
   constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM>;
-  using CA = RowConfig<T, kHA, kTarget>;
-  const int64_t ga = div_ceil<int64_t>(a.rows, kBlock / CA::kThreads * CA::kRows);
+  const int64_t ga = div_ceil<int64_t>(a.rows, RowConfig<T, kHA, kTarget>::rows_per_block(kBlock));
   int64_t gb = 0;
   if constexpr (kHB > 0) {
-    using CB = RowConfig<T, kHB, kTarget>;
-    if (has_b) gb = div_ceil<int64_t>(b.rows, kBlock / CB::kThreads * CB::kRows);
+    if (has_b) gb = div_ceil<int64_t>(b.rows, RowConfig<T, kHB, kTarget>::rows_per_block(kBlock));
   }
   // A block per row group, the hardware keeps the SMs fed (grid.x allows 2^31 - 1).
   int grid_a = 0, grid = 0;
@@ -509,7 +508,7 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
       // per SM; smaller grids keep one vector of a row a thread (target 1), more threads in flight.
       using Packed = RowConfig<T, kHA, kVecTarget<kFused>>;
       if constexpr (Packed::kPacked) {
-        constexpr int64_t kRowsPerBlock = kBlockThreads<T, kHA, kHB, kVecTarget<kFused>> / Packed::kThreads * Packed::kRows;
+        constexpr int64_t kRowsPerBlock = Packed::rows_per_block(kBlockThreads<T, kHA, kHB, kVecTarget<kFused>>);
         const int64_t rows = a.rows + (has_b ? b.rows : 0);
         if (rows < kRowsPerBlock * NormConfig::kPackMinBlocksPerSM * sgljit::num_sms(device.device_id)) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, 1, kThreadsPerSM>(a, b, has_b, eps, device, name);

@@ -865,20 +865,18 @@ struct RopeKVLaunch {
     p.num_slots = slots;
     if (n == 0) return;
     const DLDevice device = q.device();
-    {
-      using D = RopeKVDecodeConfig<ROT, VEC>;
-      const int64_t items = n * (hq + 2 * hk);  // a head an item
-      if (n <= D::kMaxTokens && items < (int64_t{1} << 31)) {
-        p.chunks = static_cast<int32_t>(hq + 2 * hk);
-        constexpr auto decode = rope_kv_decode_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
-        const int grid = static_cast<int>(div_ceil<int64_t>(items, D::kGroups));
-        LaunchKernel(decode, grid, D::kBlock, 0, device, "sgljit_rope::rope_kv_decode_kernel").pdl()(
-            static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
-            static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
-            static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
-            static_cast<const LocT*>(out_loc.data_ptr()), p);
-        return;
-      }
+    using D = RopeKVDecodeConfig<ROT, VEC>;
+    const int64_t items = n * (hq + 2 * hk);  // the decode kernel's items: a head an item
+    if (n <= D::kMaxTokens && items < (int64_t{1} << 31)) {
+      p.chunks = static_cast<int32_t>(hq + 2 * hk);
+      constexpr auto decode = rope_kv_decode_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
+      const int grid = static_cast<int>(div_ceil<int64_t>(items, D::kGroups));
+      LaunchKernel(decode, grid, D::kBlock, 0, device, "sgljit_rope::rope_kv_decode_kernel").pdl()(
+          static_cast<T*>(q.data_ptr()), static_cast<T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
+          static_cast<T*>(k_cache.data_ptr()), static_cast<T*>(v_cache.data_ptr()),
+          static_cast<const CacheT*>(cos_sin_cache.data_ptr()), static_cast<const IdxT*>(positions.data_ptr()),
+          static_cast<const LocT*>(out_loc.data_ptr()), p);
+      return;
     }
     constexpr auto kernel = rope_kv_kernel<T, CacheT, IdxT, LocT, HEAD_DIM, ROT, NEOX, VEC, ROTATE_K>;
     const int grid = grid_size<kernel>(C::kBlock, C::kGroups, device.device_id, p);
