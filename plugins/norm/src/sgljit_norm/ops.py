@@ -840,14 +840,14 @@ def _quant_outputs(input, scale, fp8_dtype, out, scales) -> tuple:
         raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
     fp8_dtype = _fp8_dtype(fp8_dtype, out)
     if out is None:
-        out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
+        out = torch.empty_like(input, dtype=fp8_dtype, memory_format=torch.contiguous_format)
     if scale is not None:
         if scales is not None:
             raise ValueError("scales: only with a dynamic scale (scale=None); got both")
         view = scale.view(1) if isinstance(scale, torch.Tensor) and scale.dim() == 0 else scale
         return out, scale, view
     if scales is None:
-        scales = torch.empty((*input.shape[:-1], 1), dtype=torch.float32, device=input.device)
+        scales = torch.empty(*input.shape[:-1], 1, dtype=torch.float32, device=input.device)
     if isinstance(scales, torch.Tensor) and scales.dim() == 1:
         view = scales.unsqueeze(-1)
     else:

@@ -478,7 +478,7 @@ def per_tensor_quant_fp8(
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
     if out is None:
-        out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
+        out = torch.empty_like(input, dtype=fp8_dtype, memory_format=torch.contiguous_format)
     else:
         _check_out_dtype(out, fp8_dtype)
     x, o = (input, out) if input.dim() == 2 else _as_rows(input, out)
@@ -520,11 +520,11 @@ def per_token_quant_fp8(
             raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
         raise ValueError(f"input: expected a 2-D tensor [T, H], got shape {tuple(input.shape)}")
     if out is None:
-        out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
+        out = torch.empty_like(input, dtype=fp8_dtype, memory_format=torch.contiguous_format)
     else:
         _check_out_dtype(out, fp8_dtype)
     if scales is None:
-        scales = torch.empty((input.shape[0], 1), dtype=torch.float32, device=input.device)
+        scales = torch.empty(input.shape[0], 1, dtype=torch.float32, device=input.device)
     _per_token(input, out, scales)
     return out, scales
 
@@ -572,7 +572,7 @@ def per_token_group_quant_fp8(
         raise ValueError(f"input: expected a 2-D tensor [T, H], got shape {tuple(input.shape)}")
     rows, hidden = input.shape
     if out is None:
-        out = torch.empty(input.shape, dtype=fp8_dtype, device=input.device)
+        out = torch.empty_like(input, dtype=fp8_dtype, memory_format=torch.contiguous_format)
     else:
         _check_out_dtype(out, fp8_dtype)
     # (a group size the op refuses allocates no groups; the op then names it)

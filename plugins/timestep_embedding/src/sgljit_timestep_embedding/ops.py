@@ -296,7 +296,7 @@ def timestep_embedding(
         _check_dtype(dtype)
     if out is None:
         out = torch.empty(
-            (batch, dim), dtype=torch.float32 if dtype is None else dtype, device=t.device
+            batch, dim, dtype=torch.float32 if dtype is None else dtype, device=t.device
         )
     else:
         _check_out(out, batch, dim, dtype)
