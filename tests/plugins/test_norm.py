@@ -174,7 +174,12 @@ def _prebuild_parallel(specs: list[dict]) -> None:
     session's cache then serves them to this process without compiling. Under pytest-xdist every
     worker runs this (the cache's locks build each module once), so the cores are shared out."""
     sharing = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    workers = max(1, min(len(specs), (os.cpu_count() or 2) // sharing, 8))
+    # Each worker starts at its own share of the list: workers that all started at the first spec
+    # would wait on each other's locks, leaving the build as parallel as one worker's threads.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    start = worker * len(specs) // max(1, sharing)
+    specs = specs[start:] + specs[:start]
+    workers = max(1, min(len(specs), (os.cpu_count() or 2) // sharing))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for fut in [pool.submit(_build_one, s) for s in specs]:
             fut.result()
