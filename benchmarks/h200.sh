@@ -26,7 +26,8 @@
 #                    spec's check cases: odd widths, one token, strided rows), non-zero on any error
 #   sh:COMMAND       any shell command (quote it)
 # A failing step does not stop later ones; the script exits non-zero if any step failed.
-# Per-step wall limit: STEP_TIMEOUT seconds (default: none).
+# Per-step wall limit: STEP_TIMEOUT seconds (default: none); a step written @SECONDS:STEP has its own
+# (e.g. '@300:pytest:-n 2 tests/plugins/test_norm.py -k cuda').
 set -o pipefail
 set -u
 
@@ -38,6 +39,7 @@ LOG="$OUT/h200.log"
 SUMMARY="$OUT/summary.md"
 : >"$LOG"
 STEP_TIMEOUT="${STEP_TIMEOUT:-}"
+LIMIT="$STEP_TIMEOUT"  # the running step's limit
 
 log() { echo "$@" | tee -a "$LOG"; }
 
@@ -103,8 +105,8 @@ run_step() {  # name, command...
     log "======== $name: $* ========"
     local t0 rc
     t0=$(date +%s.%N)
-    if [[ -n "$STEP_TIMEOUT" ]]; then
-        timeout --kill-after=10 "$STEP_TIMEOUT" "$@" 2>&1 | tee -a "$LOG"
+    if [[ -n "$LIMIT" ]]; then
+        timeout --kill-after=10 "$LIMIT" "$@" 2>&1 | tee -a "$LOG"
     else
         "$@" 2>&1 | tee -a "$LOG"
     fi
@@ -162,9 +164,14 @@ PY
     return "$install_rc"
 }
 
-STEP_TIMEOUT="" run_step env env_info  # a shell function: timeout(1) cannot run it
+LIMIT="" run_step env env_info  # a shell function: timeout(1) cannot run it
 
 for step in "$@"; do
+    LIMIT="$STEP_TIMEOUT"
+    if [[ "$step" =~ ^@([0-9]+):(.*)$ ]]; then
+        LIMIT="${BASH_REMATCH[1]}"
+        step="${BASH_REMATCH[2]}"
+    fi
     case "$step" in
         tests) run_step "$step" python3 -m pytest -x -q -p no:cacheprovider tests/ -m "not slow" ;;
         tests:*) run_step "$step" python3 -m pytest -x -q -p no:cacheprovider tests/ -m "not slow" -k "${step#tests:}" ;;
