@@ -371,9 +371,9 @@ def test_generated_eager_path_keeps_every_check():
 
 
 def test_written_tensors_must_not_share_memory():
-    """Two outputs of one call sharing memory would race: refused when both are contiguous and their
-    ranges meet (Python here, the same rule in the generated C++); strided views that interleave
-    (heads of one qkv buffer) are accepted."""
+    """Two outputs of one call sharing memory would race: refused when their ranges meet and both
+    are contiguous or both start at one address (Python here, the same rule in the generated C++);
+    strided views that interleave (heads of one qkv buffer) are accepted."""
     op = family.op(
         "test_op_two_outs",
         args={
@@ -391,5 +391,7 @@ def test_written_tensors_must_not_share_memory():
     pairs = buf.view(4, 3)  # columns: strided, interleaved ranges, distinct elements
     op(x, pairs[:, 0], pairs[:, 1])
     torch.testing.assert_close(pairs[:, 1], x)
+    with pytest.raises(ValueError, match=r"^b: shares memory with a \(sgljit writes both\)"):
+        op(x, pairs[:, 1], pairs[:, 1])  # one strided view passed twice
     cpp = op.cpp_checks("f", "K::run")
     assert 'check_disjoint(a, "a", b, "b");' in cpp

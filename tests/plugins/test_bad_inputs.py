@@ -1,7 +1,7 @@
 """What no kernel can check for itself, on every backend and op: a written tensor whose elements
-share memory (an expanded view: concurrent writes race and the result is garbage) is refused,
-naming the argument; a tensor that requires grad is refused by the kernels (they have no
-backward) and accepted by the reference."""
+share memory (an expanded view: concurrent writes race and the result is garbage), or one strided
+view passed as two written arguments, is refused, naming the argument; a tensor that requires grad
+is refused by the kernels (they have no backward) and accepted by the reference."""
 
 from __future__ import annotations
 
@@ -101,6 +101,41 @@ OVERLAPPING = {
 }
 
 
+def _heads(device, heads=2) -> torch.Tensor:
+    """[T, heads, D] heads of a [T, heads + 1, D] buffer: a strided view."""
+    return torch.randn(T, heads + 1, D, device=device)[:, :heads]
+
+
+def _rope_q_as_k(dev):
+    q = _heads(dev)
+    sgljit.ops.apply_rope(q, q, rope_cache(dev), torch.arange(T, device=dev))
+
+
+def _qknorm_q_as_k(dev):
+    q = _heads(dev)
+    sgljit.ops.qknorm(q, q, torch.randn(D, device=dev), torch.randn(D, device=dev))
+
+
+def _fused_input_as_residual(dev):
+    x = _heads(dev, 1)[:, 0]
+    sgljit.ops.fused_add_rmsnorm(x, x, torch.randn(D, device=dev))
+
+
+def _kv_k_cache_as_v_cache(dev):
+    (q, k), c, index = qk(dev), _heads(dev, 1), torch.arange(T, device=dev)
+    sgljit.ops.apply_rope_with_kv_cache(q, k, k.clone(), c, c, rope_cache(dev), index, index)
+
+
+# (op call with one strided view passed as two written arguments, the later one's name): the
+# kernels' writes would race on every element.
+PASSED_TWICE = {
+    "apply_rope q, k": (_rope_q_as_k, "k"),
+    "qknorm q, k": (_qknorm_q_as_k, "k"),
+    "fused_add_rmsnorm input, residual": (_fused_input_as_residual, "residual"),
+    "apply_rope_with_kv_cache k_cache, v_cache": (_kv_k_cache_as_v_cache, "v_cache"),
+}
+
+
 def backend_device(backend: str) -> tuple[str, object]:
     return ("cuda" if backend == "cuda" else "cpu"), sgljit.use_backend(backend)
 
@@ -111,6 +146,15 @@ def test_a_written_tensor_whose_elements_overlap_is_refused(backend, case):
     call, name = OVERLAPPING[case]
     device, ctx = backend_device(backend)
     with ctx, pytest.raises(ValueError, match=rf"^{name}: "):
+        call(device)
+
+
+@pytest.mark.parametrize("case", sorted(PASSED_TWICE))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_strided_view_written_twice_is_refused(backend, case):
+    call, name = PASSED_TWICE[case]
+    device, ctx = backend_device(backend)
+    with ctx, pytest.raises(ValueError, match=rf"^{name}: shares memory with "):
         call(device)
 
 

@@ -1053,6 +1053,9 @@ def test_bad_inputs_the_public_functions_add():
         ops.rmsnorm(torch.tensor(1.0), torch.randn(1))
     with pytest.raises(TypeError, match=r"^residual: expected a torch.Tensor"):
         ops.fused_add_rmsnorm(x3.contiguous(), None, torch.randn(64, dtype=FP16))
+    for op in (ops.rmsnorm, ops.gemma_rmsnorm):  # out allocated like input: named, not torch's
+        with pytest.raises(TypeError, match=r"^input: expected a torch.Tensor, got list"):
+            op([1.0], torch.randn(1))
 
 
 def test_an_empty_batch_is_a_no_op():

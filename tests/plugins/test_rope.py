@@ -930,11 +930,25 @@ def _qkr_head(D):
     return mutate
 
 
+def _qkr_in(dtype):
+    """Every floating-point argument in ``dtype``, the cos/sin cache too."""
+    return lambda a: {
+        n: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        for n, t in a.items()
+    }
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "mutate, exc, match",
     [
         (_qkr_head(65), ValueError, "^q: head_dim 65 is not supported"),
+        # a cache in q's dtype (apply_rope takes one): the qknorm_rope kernels read float32
+        (
+            _qkr_in(torch.bfloat16),
+            ValueError,
+            r"^cos_sin_cache: dtype expected one of \{float32\}, got bfloat16",
+        ),
         (_qkr_head(2048), ValueError, "^q: head_dim 2048 is not supported"),
         *_CACHE_SHAPE_ERRORS,
         (

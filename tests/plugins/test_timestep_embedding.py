@@ -281,6 +281,7 @@ def test_timestep_dtypes_cuda(t_dtype):
         ((torch.ones(4), -3), {}, ValueError, r"^dim: expected a positive"),
         ((torch.ones(4), 8.0), {}, TypeError, r"^dim: expected an int"),
         ((torch.ones(4), True), {}, TypeError, r"^dim: expected an int"),
+        ((torch.ones(4), 2**30 + 1), {}, ValueError, r"^dim: must be at most 2\^30"),
         ((torch.ones(4), 8), {"max_period": 0}, ValueError, r"^max_period: expected a value >="),
         (
             (torch.ones(4), 8),

@@ -360,7 +360,9 @@ class Op:
         written = [(n, args[i]) for i, n in self._tensor_index if self.args[n].written]
         for i, (a_name, a) in enumerate(written):
             for b_name, b in written[i + 1 :]:
-                if a.is_contiguous() and b.is_contiguous() and _share_memory(a, b):
+                if _share_memory(a, b) and (
+                    a.data_ptr() == b.data_ptr() or (a.is_contiguous() and b.is_contiguous())
+                ):
                     raise ValueError(
                         f"{b_name}: shares memory with {a_name} (sgljit writes both); "
                         "pass separate tensors"

@@ -710,6 +710,14 @@ def _shaped(input, other, other_name: str, input_written: bool) -> tuple[bool, o
     return False, as_rows(input, "input", input_written), as_rows(other, other_name, True)
 
 
+def _empty_like(input) -> torch.Tensor:
+    """A contiguous tensor like ``input``; an error naming input when it is not a tensor."""
+    try:
+        return torch.empty_like(input, memory_format=torch.contiguous_format)
+    except TypeError:
+        raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}") from None
+
+
 def _both_2d(a, b) -> bool:
     try:
         return a.dim() == 2 and b.dim() == 2
@@ -734,7 +742,7 @@ def rmsnorm(
     given); ``out`` may be ``input`` (in place).
     """
     if out is None:
-        out = torch.empty_like(input, memory_format=torch.contiguous_format)
+        out = _empty_like(input)
     if _both_2d(input, out):
         _rmsnorm(input, weight, out, eps, round_before_weight)
         return out
@@ -749,7 +757,7 @@ def gemma_rmsnorm(
     """:func:`rmsnorm` with weight ``(1 + weight)``, rounded once at the end (Gemma, as Hugging
     Face's Gemma norms)."""
     if out is None:
-        out = torch.empty_like(input, memory_format=torch.contiguous_format)
+        out = _empty_like(input)
     if _both_2d(input, out):
         _gemma_rmsnorm(input, weight, out, eps)
         return out

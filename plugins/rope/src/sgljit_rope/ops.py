@@ -615,7 +615,8 @@ _qknorm_rope = family.op(
         **_QK,
         "q_weight": Tensor("head_dim", dtype="q", layout="contiguous"),
         "k_weight": Tensor("head_dim", dtype="q", layout="contiguous"),
-        "cos_sin_cache": _CACHE,
+        # float32 only: both kernels read the cache as float (apply_rope's also take q's dtype)
+        "cos_sin_cache": Tensor("max_pos", "rotary_dim", dtype=(torch.float32,)),
         "positions": _POSITIONS,
         "eps": Scalar(float, min=0.0),
         "is_neox": Scalar(bool),

@@ -6,7 +6,9 @@
     (torch.Size([2, 8]), torch.float32)
 
 The fp32 argument of sin/cos is defined bit-exactly in :mod:`sgljit_timestep_embedding.reference`;
-the kernels return sin/cos of it within 1e-6 absolute (fp32 output).
+the kernels return sin/cos of it within 1e-6 absolute (fp32 output) for ``|arg|`` up to 1e6
+(timesteps and scale up to 1000); far beyond, their reduction by 2*pi loses accuracy (SYCL on the
+CPU: 1.5e-3 at 1e12, none left at 1e20), where the reference stays exact.
 
 The destination-passing op (``torch.ops.sgljit.timestep_embedding(t, out, flip_sin_to_cos,
 downscale_freq_shift, scale, max_period)``) is declared once in ``family``; its CUDA module is
@@ -219,6 +221,8 @@ def _positive_dim(dim: Any) -> int:
         raise TypeError(f"dim: expected an int, got {type(dim).__name__} {dim!r}")
     if dim <= 0:
         raise ValueError(f"dim: expected a positive embedding size, got {dim}")
+    if dim > _MAX_DIM:  # before out [B, dim] is allocated
+        raise ValueError(f"dim: must be at most 2^30, got {dim}")
     return int(dim)
 
 
@@ -283,7 +287,7 @@ def timestep_embedding(
         out: optional preallocated contiguous output ``[B, dim]`` (its dtype is the output dtype;
             16-byte aligned for the kernels).
     """
-    if type(dim) is not int or dim <= 0:
+    if type(dim) is not int or not 0 < dim <= _MAX_DIM:
         dim = _positive_dim(dim)
     try:
         batch = t.shape[0]

@@ -485,12 +485,13 @@ inline bool may_share(const ByteSpan& a, const ByteSpan& b) {
 }
 
 // Two tensors one call writes must not share memory (the kernels' writes would race). Refused when
-// both are contiguous and their byte ranges meet; ranges of strided views may interleave without
-// sharing an element (q and k heads of one qkv buffer), so those are accepted.
+// their byte ranges meet and both are contiguous or both start at one address (one view passed
+// twice); ranges of strided views may interleave without sharing an element (q and k heads of one
+// qkv buffer), so those are accepted.
 inline void check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
   if (!spans_meet(byte_span(a), byte_span(b))) return;
-  SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()), b_name, ": shares memory with ", a_name,
-               " (sgljit writes both); pass separate tensors");
+  SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()) && a.data_ptr() != b.data_ptr(), b_name,
+               ": shares memory with ", a_name, " (sgljit writes both); pass separate tensors");
 }
 
 // A module compiled for one element type refuses a tensor of another: "<name>: this module was
