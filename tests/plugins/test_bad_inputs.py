@@ -158,6 +158,11 @@ def test_inputs_that_require_grad(backend):
     with ctx:
         if backend == "reference":  # the PyTorch reference keeps the graph
             assert sgljit.ops.rmsnorm(x, w).grad_fn is not None
+            q = torch.randn(T, 2, D, device=device, requires_grad=True)
+            k, index = torch.randn(T, 1, D, device=device), torch.arange(T, device=device)
+            with pytest.raises(RuntimeError, match=r"^q: requires grad and is a leaf"):
+                sgljit.ops.apply_rope(q, k, rope_cache(device), index)  # q is written in place
+            sgljit.ops.apply_rope(q * 1, k, rope_cache(device), index)  # not a leaf: allowed
         else:
             with pytest.raises(RuntimeError, match=r"^input: requires grad.*inference-only"):
                 sgljit.ops.rmsnorm(x, w)

@@ -281,7 +281,7 @@ class Op:
             backend = _backend.select_backend(first)
         except ValueError as err:  # a forced backend that cannot run these tensors
             raise ValueError(f"{self.params[0]}: {err}") from None
-        if backend != "reference" and _grad_enabled():
+        if _grad_enabled():
             self._refuse_grad(backend, args)
         if backend == "cuda":  # the eager hot path: one key, one lookup, one tvm-ffi call
             for i, name in self._bools:
@@ -315,6 +315,21 @@ class Op:
         return bound.args
 
     def _refuse_grad(self, backend: str, args: tuple) -> None:
+        if backend == "reference":  # it keeps the graph, but cannot write a leaf in place
+            for i, name in self._tensor_index:
+                t = args[i]
+                if (
+                    self.args[name].written
+                    and isinstance(t, torch.Tensor)
+                    and t.is_leaf
+                    and t.requires_grad
+                ):
+                    raise RuntimeError(
+                        f"{name}: requires grad and is a leaf, and sgljit::{self.name} writes it "
+                        f"in place (autograd forbids that); pass {name}.detach(), or a tensor "
+                        "computed from it"
+                    )
+            return
         for i, name in self._tensor_index:
             t = args[i]
             if isinstance(t, torch.Tensor) and t.requires_grad:
