@@ -107,6 +107,18 @@ struct Divider {
 template <typename T, bool kBounded>
 inline constexpr int kFastQuotient = sizeof(T) == 4 ? kMarkstein : kBounded ? kOneStepBounded : kOneStep;
 
+// The codes of x / s without dividing, for Divider::fast scales. lo < 1/s < hi as real numbers (the
+// reciprocal's rounding and the products' are 2^-24 each, the margin 2^-20), so x * lo and x * hi
+// enclose x / s; rounding to fp32 and converting to fp8 are monotonic, so where the two products'
+// codes agree they are the code of the correctly rounded quotient: for every x, NaN, inf and
+// overflow included. They differ only where an fp8 rounding boundary lies within about 2^-20 of the
+// quotient (about one quotient in 2^17 on random data; exact ties always); the caller converts those
+// through Divider.
+struct Bracket {
+  float lo, hi;
+  SGLJIT_DEVICE explicit Bracket(const Divider& d) : lo(d.y * (1.0f - 0x1p-20f)), hi(d.y * (1.0f + 0x1p-20f)) {}
+};
+
 // Two quotients -> two fp8 bytes (low byte = first), clamped and rounded to nearest even.
 template <typename Q>
 SGLJIT_DEVICE uint16_t to_fp8x2(float a, float b) {
