@@ -12,7 +12,8 @@
 // (checked exhaustively: every bf16 and fp16 significand against every fp32 significand of the
 // scale; the quant_fp8 tests repeat it on the CPU for a sample of scales). Quotients whose residuals
 // could underflow are below 2^-60 (fp8 +-0, sign kept by copysign); |x*y| >= 2^100 saturates either
-// way. Other scales use __fdiv_rn.
+// way. Other scales use __fdiv_rn. Where only the fp8 code is needed, Bracket gives it without the
+// quotient for all but about one value in 2^17 (which then takes Divider's steps).
 // Conversion: clamp + round-to-nearest-even = the hardware cvt.rn.satfinite (saturation to +-max is
 // the clamp; NaN stays NaN: 0x7F, as torch's conversion of the canonical NaN the GPU produces).
 // Dynamic scale: max(absmax / fp8_max, 2^-126) in fp32 (true division); absmax is a max over |x| bit
