@@ -19,8 +19,8 @@
 // prefetch their rows and the weight into L2, so the first DRAM round trip overlaps the previous kernel.
 // Codes: by sgljit::Bracket (two products by 1/scale's bracket, both converted; equal codes are the
 // correctly rounded quotient's), a vector whose codes disagree by Markstein's two steps (y is a full
-// fp32 value); scales outside [2^-40, 2^40] by __fdiv_rn (a uniform branch). The bracket is 13% faster
-// on the plain static forms and even on the others (benchmarks/results/nvidia-h200/ab-norm-quant-bracket.md).
+// fp32 value); scales outside [2^-40, 2^40] by __fdiv_rn (a uniform branch). Chosen by A/B over
+// Markstein's steps for every element (benchmarks/results/nvidia-h200/ab-norm-quant-bracket.md).
 // Generic path (any H, any alignment): one block per row, scalar accesses, each pass re-reading the row
 // (from L1/L2), Markstein's two steps or __fdiv_rn.
 // NaN/inf: a NaN in a row makes its sum of squares NaN, so the whole row quantizes to NaN (per token:
@@ -239,10 +239,8 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
 
     const Divider div(s);
     uint8_t* out = a.out + row * a.out_stride;
-    // Each vector's kVec codes: by the bracket (sgljit/fp8.cuh) where the scale allows it, vectors
-    // whose two codes disagree (rarely) again by Divider's correctly rounded quotient; other
-    // scales by __fdiv_rn. A dynamic scale from the row's own absmax bounds every quotient by
-    // fp8_max: no guard for huge ones.
+    // Codes as the top of the file says. A dynamic scale from the row's own absmax bounds every
+    // quotient by fp8_max: its exact steps need no guard for huge ones.
     constexpr int kExact = kDynamic ? sgljit::kMarksteinBounded : sgljit::kMarkstein;
     const bool fast = Divider::fast(s);
     const sgljit::Bracket bracket(div);
