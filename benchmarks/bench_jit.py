@@ -636,6 +636,31 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
             i["scale"] = (x.abs().amax().float() / 448.0).reshape(1)
         return i
 
+    def qk_rope():
+        qkv = randn(1, (32 + 2 * 8) * 128)  # q and k as views into one qkv buffer
+        return {
+            "q": qkv[:, : 32 * 128].view(1, 32, 128),
+            "k": qkv[:, 32 * 128 : 40 * 128].view(1, 8, 128),
+            "qw": ones(128),
+            "kw": ones(128),
+            "cache": randn(4096, 128, dtype=torch.float32),
+            "pos": torch.tensor([7], device=dev),
+            "is_neox": True,
+        }
+
+    def norm_quant(fused_add: bool = False, static: bool = True):
+        i = rms(out=False) | {"out": torch.empty(1, 4096, dtype=fp8, device=dev)}
+        if fused_add:
+            i["r"] = randn(1, 4096)
+        if static:
+            i["scale"] = torch.full((1,), 0.01, device=dev)
+        else:
+            i["scales"] = torch.empty(1, 1, device=dev)
+        return i
+
+    def group_quant():
+        return quant() | {"scales": torch.empty(1, 4096 // 128, device=dev)}
+
     def timestep(out=True):
         i = {"t": torch.rand(1, device=dev) * 1000, "dim": 256}
         return i | ({"out": torch.empty(1, 256, dtype=torch.float32, device=dev)} if out else {})
@@ -761,6 +786,54 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
             "sglang": sj.load_per_token_quant_fp8,
             "sglang_prepare": sj.prepare_per_token_scales,
             "note": "both write into given buffers",
+        },
+        {
+            "op": "per_token_group_quant_fp8 1×4096, g128, scales= given",
+            "inputs": group_quant,
+            "sgljit": lambda o: (
+                lambda i, f=o.per_token_group_quant_fp8: f(i["x"], out=i["out"], scales=i["scales"])
+            ),
+            "sglang": sj.load_per_token_group_quant_fp8,
+            "note": "both write into given buffers",
+        },
+        {
+            "op": "rmsnorm_quant_fp8 1×4096, static, out= given",
+            "inputs": norm_quant,
+            "sgljit": lambda o: (
+                lambda i, f=o.rmsnorm_quant_fp8: f(i["x"], i["w"], i["scale"], eps, out=i["out"])
+            ),
+            "sglang_na": "sglang's jit_kernel has no norm->fp8 op",
+        },
+        {
+            "op": "rmsnorm_quant_fp8 1×4096, per token, out= and scales= given",
+            "inputs": lambda: norm_quant(static=False),
+            "sgljit": lambda o: (
+                lambda i, f=o.rmsnorm_quant_fp8: f(
+                    i["x"], i["w"], None, eps, out=i["out"], scales=i["scales"]
+                )
+            ),
+            "sglang_na": "(none)",
+        },
+        {
+            "op": "fused_add_rmsnorm_quant_fp8 1×4096, static, out= given",
+            "inputs": lambda: norm_quant(fused_add=True),
+            "sgljit": lambda o: (
+                lambda i, f=o.fused_add_rmsnorm_quant_fp8: f(
+                    i["x"], i["r"], i["w"], i["scale"], eps, out=i["out"]
+                )
+            ),
+            "sglang_na": "(none)",
+        },
+        {
+            "op": "qknorm_rope 32/8 heads × 128, neox (views into qkv)",
+            "inputs": qk_rope,
+            "sgljit": lambda o: (
+                lambda i, f=o.qknorm_rope: f(
+                    i["q"], i["k"], i["qw"], i["kw"], i["cache"], i["pos"], eps=eps
+                )
+            ),
+            "sglang": lambda: sj.load_qknorm_rope(eps),
+            "note": "sglang: diffusion.qknorm_rope.fused_inplace_qknorm_rope",
         },
         {
             "op": "timestep_embedding B=1 dim=256 fp32, out= given",
