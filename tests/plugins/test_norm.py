@@ -930,6 +930,36 @@ def test_cuda_many_rows(backend_env_cuda):
     _close(out, _oracle(a, w, 1e-6), FP32, "rmsnorm 16390x2048 float32")
 
 
+@pytest.mark.gpu
+def test_cuda_row_regimes(backend_env_cuda):
+    """Each side of the launch rules in csrc/norm.cuh: rmsnorm's few-rows row groups for rows of a
+    power-of-two number of vectors (below NormConfig::kFewRows) and the regular ones at and above
+    it or at other widths; qknorm's heads packed, unpacked, and packed to make a prefetching grid
+    (on the H200, 16/8 heads x 128 at T=128)."""
+    for rows, width in (
+        (1, 4096),
+        (4095, 4096),
+        (4096, 4096),
+        (3, 16384),
+        (1023, 2048),
+        (77, 5120),
+    ):
+        w = _randn((width,), BF16, "cuda", rows)
+        a = _randn((rows, width), BF16, "cuda", rows + 1)
+        out = _poison(a.shape, BF16, "cuda")
+        ops.rmsnorm(a, w, out=out)
+        _close(out, _oracle(a, w, 1e-6), BF16, f"rmsnorm {rows}x{width}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for t, hq, hk, d in ((1, 16, 8, 128), (128, 16, 8, 128), (sms, 8, 4, 256), (2048, 16, 8, 128)):
+        qw, kw = _randn((d,), BF16, "cuda", 5), _randn((d,), BF16, "cuda", 6)
+        q = _randn((t, hq, d), BF16, "cuda", t + hq)
+        k = _randn((t, hk, d), BF16, "cuda", t + hk + 1)
+        eq, ek = _oracle(q, qw, 1e-6), _oracle(k, kw, 1e-6)
+        ops.qknorm(q, k, qw, kw, 1e-6)
+        _close(q, eq, BF16, f"qknorm T={t} {hq}/{hk}x{d} q")
+        _close(k, ek, BF16, f"qknorm T={t} {hq}/{hk}x{d} k")
+
+
 @pytest.fixture
 def backend_env_cuda(norm_cache):
     if not HAS_CUDA:

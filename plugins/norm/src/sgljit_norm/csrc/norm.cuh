@@ -23,10 +23,12 @@
 //    kPrefetchBlocksPerSM blocks per SM) first prefetch their rows and the weight into L2, one bulk
 //    request per row, so the first DRAM round trip overlaps that tail too (safe for data the previous
 //    kernel writes, see sgljit::prefetch_l2);
-//  * rows of at most 32 vectors (qknorm's heads) in grids of kPackMinBlocksPerSM+ blocks per SM are
-//    packed: a thread holds 2 vectors of each of 2 rows (RowConfig::kPacked), 4 loads in flight;
-//  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) take their own row groups and
-//    register budgets (NormConfig::kMany*).
+//  * rows of at most 32 vectors (qknorm's heads) in grids of kPackMinBlocksPerSM+ blocks per SM, or
+//    where packing makes a grid small enough to prefetch, are packed: a thread holds 2 vectors of each
+//    of 2 rows (RowConfig::kPacked), 4 loads in flight;
+//  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) and rmsnorm's few rows (kFewRows)
+//    of a power-of-two number of vectors take their own row groups and register budgets
+//    (NormConfig::kMany*, kFew*).
 // A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
 // rest on set b, each share sized by its number of rows.
 //
@@ -83,6 +85,12 @@ struct NormConfig {
   // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
   static constexpr int kManyPlainVecs = 2;
   static constexpr int kManyPlainThreadsPerSM = 1536;
+  // Below this many rows, rmsnorm's rows of a power-of-two number of vectors (2048, 4096, 8192, 16384
+  // 16-bit elements) take 2 vectors a thread at 32 registers, a full SM of threads: 0.85-0.97x at
+  // 1-1024 rows, even at 4096; other widths spill there and lose (ab-norm-few-rows.md).
+  static constexpr int kFewRows = 4096;
+  static constexpr int kFewVecs = 2;
+  static constexpr int kFewThreadsPerSM = 2048;
   // Output stores: streaming (st.global.cs) for the fused add, which writes two rows per row; plain
   // for the others.
   template <bool kFused>
@@ -504,13 +512,28 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
           return;
         }
       }
-      // Packed rows (RowConfig::kPacked) only where their grid has NormConfig::kPackMinBlocksPerSM blocks
-      // per SM; smaller grids keep one vector of a row a thread (target 1), more threads in flight.
+      // Fewer rows of a power-of-two number of vectors: rmsnorm's few-rows row groups.
+      if constexpr (!kFused && kHB == 0 && kNumVec > 32 * NormConfig::kVecsPerThread &&
+                    (kNumVec & (kNumVec - 1)) == 0) {
+        if (a.rows < NormConfig::kFewRows) {
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM>(
+              a, b, has_b, eps, device, name);
+          return;
+        }
+      }
+      // Packed rows (RowConfig::kPacked) where their grid has NormConfig::kPackMinBlocksPerSM+ blocks per SM
+      // or where packing makes it a prefetching grid; other grids keep one vector of a row a thread
+      // (target 1), more threads in flight.
       using Packed = RowConfig<T, kHA, kVecTarget<kFused>>;
       if constexpr (Packed::kPacked) {
         constexpr int64_t kRowsPerBlock = Packed::rows_per_block(kBlockThreads<T, kHA, kHB, kVecTarget<kFused>>);
         const int64_t rows = a.rows + (has_b ? b.rows : 0);
-        if (rows < kRowsPerBlock * NormConfig::kPackMinBlocksPerSM * sgljit::num_sms(device.device_id)) {
+        const int64_t sms = sgljit::num_sms(device.device_id);
+        // Packing that brings the grid down to prefetching size (see kPrefetchBlocksPerSM) also pays.
+        constexpr int64_t kUnpackedRowsPerBlock = RowConfig<T, kHA, 1>::rows_per_block(kBlockThreads<T, kHA, kHB, 1>);
+        const bool to_prefetch = rows <= kRowsPerBlock * NormConfig::kPrefetchBlocksPerSM * sms &&
+                                 rows > kUnpackedRowsPerBlock * NormConfig::kPrefetchBlocksPerSM * sms;
+        if (!to_prefetch && rows < kRowsPerBlock * NormConfig::kPackMinBlocksPerSM * sms) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, 1, kThreadsPerSM>(a, b, has_b, eps, device, name);
           return;
         }
