@@ -85,7 +85,7 @@ struct NormConfig {
   // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
   static constexpr int kManyPlainVecs = 2;
   static constexpr int kManyPlainThreadsPerSM = 1536;
-  // Below this many rows, rmsnorm's rows of a power-of-two number of vectors (2048, 4096, 8192, 16384
+  // Below this many rows, rmsnorm's rows of 256-2048 vectors, a power of two (2048, 4096, 8192, 16384
   // 16-bit elements) take 2 vectors a thread at 32 registers, a full SM of threads: 0.85-0.97x at
   // 1-1024 rows, even at 4096; other widths spill there and lose (ab-norm-few-rows.md).
   static constexpr int kFewRows = 4096;
@@ -512,9 +512,10 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
           return;
         }
       }
-      // Fewer rows of a power-of-two number of vectors: rmsnorm's few-rows row groups.
+      // Fewer rows of a power-of-two number of vectors: rmsnorm's few-rows row groups (rows of up to
+      // 1024 threads of kFewVecs; wider ones would spill at that budget).
       if constexpr (!kFused && kHB == 0 && kNumVec > 32 * NormConfig::kVecsPerThread &&
-                    (kNumVec & (kNumVec - 1)) == 0) {
+                    kNumVec <= 1024 * NormConfig::kFewVecs && (kNumVec & (kNumVec - 1)) == 0) {
         if (a.rows < NormConfig::kFewRows) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM>(
               a, b, has_b, eps, device, name);
