@@ -86,8 +86,8 @@ struct NormConfig {
   static constexpr int kManyPlainVecs = 2;
   static constexpr int kManyPlainThreadsPerSM = 1536;
   // Below this many rows, rmsnorm's rows of 256-2048 vectors, a power of two (2048, 4096, 8192, 16384
-  // 16-bit elements) take 2 vectors a thread at 32 registers, a full SM of threads: 0.85-0.97x at
-  // 1-1024 rows, even at 4096; other widths spill there and lose (ab-norm-few-rows.md).
+  // 16-bit elements) take 2 vectors a thread at 32 registers, a full SM of threads: 0.84-0.99x at
+  // 1-1024 rows, 1.00-1.02x at 4096; other widths spill there and lose (ab-norm-few-rows.md).
   static constexpr int kFewRows = 4096;
   static constexpr int kFewVecs = 2;
   static constexpr int kFewThreadsPerSM = 2048;
