@@ -515,7 +515,7 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
       // Fewer rows of a power-of-two number of vectors: rmsnorm's few-rows row groups (rows of up to
       // 1024 threads of kFewVecs; wider ones would spill at that budget).
       if constexpr (!kFused && kHB == 0 && kNumVec > 32 * NormConfig::kVecsPerThread &&
-                    kNumVec <= 1024 * NormConfig::kFewVecs && (kNumVec & (kNumVec - 1)) == 0) {
+                    kNumVec <= 1024 * NormConfig::kFewVecs && pow2_ceil(kNumVec) == kNumVec) {
         if (a.rows < NormConfig::kFewRows) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM>(
               a, b, has_b, eps, device, name);
