@@ -6,6 +6,11 @@
 #include <cuda_fp8.h>
 
 #include "tensor.h"
+#include "vec.cuh"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace sgljit {
 
@@ -24,6 +29,20 @@ SGLJIT_DEVICE float to_float(__half x) { return __half2float(x); }
 SGLJIT_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 SGLJIT_DEVICE float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
 SGLJIT_DEVICE float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
+
+// Element e of a vector in fp32. A bf16 is the top half of its fp32 value, so it is read from its
+// 32-bit pair word by one shift (low element) or mask (high element), where extracting the half first
+// takes two instructions (for issue-bound kernels: ab-norm-quant-unpack.md).
+template <typename T, int N>
+SGLJIT_DEVICE float float_at(const AlignedVector<T, N>& v, int e) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    uint32_t word;
+    memcpy(&word, &v.data[e & ~1], sizeof(word));
+    return __uint_as_float((e & 1) ? (word & 0xffff0000u) : (word << 16));
+  } else {
+    return to_float(v[e]);
+  }
+}
 
 // Round-to-nearest-even conversion from fp32 (saturating for fp8, as PyTorch's cast is not:
 // callers clamp first when they need PyTorch's exact behaviour).

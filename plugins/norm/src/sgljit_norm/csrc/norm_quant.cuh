@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
           }
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
-            const float f = to_float(x[j][e]);
+            const float f = sgljit::float_at(x[j], e);
             ss += f * f;
           }
         }
@@ -226,7 +226,9 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
           if (has(j)) {
             const WV wv = weight(j);
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) m = max(m, sgljit::abs_bits(to_float(x[j][e]) * inv_rms * to_float(wv[e])));
+            for (int e = 0; e < kVec; ++e) {
+              m = max(m, sgljit::abs_bits(sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e)));
+            }
           }
         }
       }
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
     for (int j = 0; j < kVPT; ++j) {
       if (has(j)) {
         const WV wv = weight(j);
-        auto y = [&](int e) { return to_float(x[j][e]) * inv_rms * to_float(wv[e]); };
+        auto y = [&](int e) { return sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e); };
         uint16_t codes[kVec / 2];
         if (fast) {
           uint32_t differ = 0;
