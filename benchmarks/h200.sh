@@ -202,8 +202,9 @@ for step in "$@"; do
         memcheck)
             # Builds first, in parallel and outside the sanitizer (building every family's case
             # modules one after another through pytest probably took most of the step's limit on a
-            # fresh machine), so the sanitized run only loads modules. Only sgljit's kernels are checked (kns=sgljit: every kernel lives in an
-            # sgljit namespace): checking all of torch's as well did not finish within 380 s.
+            # fresh machine), so the sanitized run only loads modules. Only sgljit's kernels are
+            # checked (kns=sgljit: every kernel lives in an sgljit namespace): checking all of
+            # torch's as well did not finish within 380 s.
             run_step "$step" bash -c 'sgljit build --backend cuda --cases --jobs 16 >/dev/null 2>&1; compute-sanitizer --tool memcheck --kernel-name kns=sgljit --error-exitcode 1 --print-limit 20 python3 -m pytest -q -p no:cacheprovider tests/plugins/test_conformance.py -k "cuda and numerics"'
             ;;
         sh:*) run_step "$step" bash -c "${step#sh:}" ;;

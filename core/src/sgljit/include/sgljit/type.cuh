@@ -30,15 +30,20 @@ SGLJIT_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 SGLJIT_DEVICE float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
 SGLJIT_DEVICE float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
 
-// Element e of a vector in fp32. A bf16 is the top half of its fp32 value, so it is read from its
-// 32-bit pair word by one shift (low element) or mask (high element), where extracting the half first
-// takes two instructions (for issue-bound kernels: ab-norm-quant-unpack.md).
+// The bf16 `half` (0: low, 1: high) of a 32-bit word of two, in fp32. A bf16 is the top half of its
+// fp32 value: one shift or mask, where extracting the half first takes two instructions (for
+// issue-bound kernels: ab-norm-quant-unpack.md).
+SGLJIT_DEVICE float bf16_of_word(uint32_t word, int half) {
+  return __uint_as_float(half ? (word & 0xffff0000u) : (word << 16));
+}
+
+// Element e of a vector in fp32 (bf16 through bf16_of_word).
 template <typename T, int N>
 SGLJIT_DEVICE float float_at(const AlignedVector<T, N>& v, int e) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     uint32_t word;
     memcpy(&word, &v.data[e & ~1], sizeof(word));
-    return __uint_as_float((e & 1) ? (word & 0xffff0000u) : (word << 16));
+    return bf16_of_word(word, e & 1);
   } else {
     return to_float(v[e]);
   }

@@ -63,8 +63,8 @@ struct Io {
       uint32_t w[kWords];
       words(v, w);
       const uint32_t word = w[i / 2];
-      if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 -> fp32 is the 16 bits on top
-        return __uint_as_float(i % 2 ? (word & 0xffff0000u) : (word << 16));
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        return sgljit::bf16_of_word(word, i % 2);
       } else {
         __half2 h;
         memcpy(&h, &word, sizeof(h));

@@ -162,9 +162,9 @@ struct HeadVec {
     for (int i = 0; i < kWords; ++i) {
       if constexpr (!kPacked) {
         x[i] = to_float(w[i]);
-      } else if constexpr (std::is_same_v<T, bf16_t>) {  // bf16 -> fp32 is a shift
-        x[2 * i] = __uint_as_float(w[i] << 16);
-        x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+      } else if constexpr (std::is_same_v<T, bf16_t>) {
+        x[2 * i] = sgljit::bf16_of_word(w[i], 0);
+        x[2 * i + 1] = sgljit::bf16_of_word(w[i], 1);
       } else {
         __half2 h;
         memcpy(&h, &w[i], sizeof(h));
