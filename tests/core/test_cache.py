@@ -264,6 +264,42 @@ def test_paths_with_spaces_dollars_quotes_and_unicode(tmp_path):
     assert len(published(odd / "cache dir")) == 2
 
 
+def fake_ninja(folder: Path, stdout: str) -> str:
+    """An executable named ninja that prints ``stdout`` whatever it is asked."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "ninja"
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_a_ninja_that_splits_quoted_paths_is_refused_naming_the_fix(
+    cache_dir, tmp_path, monkeypatch
+):
+    from sgljit import toolchain
+
+    fake_ninja(tmp_path / "bin", "1.11.1")
+    monkeypatch.setitem(sys.modules, "ninja", None)  # the ninja package is not installed
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    toolchain.find_ninja.cache_clear()
+    try:
+        with pytest.raises(sgljit.SgljitError, match=r"1\.11\.1.*ninja>=1\.13"):
+            toolchain.find_ninja()
+    finally:
+        toolchain.find_ninja.cache_clear()
+
+
+def test_dependencies_ninja_could_not_parse_are_an_error_not_a_cache_entry(tmp_path, monkeypatch):
+    from sgljit import cuda
+
+    (tmp_path / "k.cu").write_text("")
+    exe = fake_ninja(tmp_path / "bin", "k.o: #deps 3 (VALID)\n    k.cu\n    /src/a \n    q/k.h")
+    monkeypatch.setattr(cuda, "find_ninja", lambda: exe)
+    with pytest.raises(sgljit.CompileError, match="could not record") as err:
+        cuda.ninja_deps(tmp_path)
+    assert "/src/a" in err.value.output
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. errors that say what to change
 

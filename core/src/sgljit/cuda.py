@@ -21,6 +21,7 @@ from .toolchain import (
     compiler_identity,
     cuda_arch_list,
     cuda_home,
+    find_ninja,
     find_nvcc,
     host_cxx,
     outside,
@@ -198,7 +199,7 @@ def ninja_deps(folder: Path) -> list[str]:
     """The files ninja recorded (from the compilers' depfiles) for every target built in
     ``folder``: ``ninja -t deps``."""
     out = subprocess.run(
-        ["ninja", "-t", "deps"], cwd=folder, capture_output=True, text=True, check=False
+        [find_ninja(), "-t", "deps"], cwd=folder, capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
         raise CompileError(
@@ -207,7 +208,19 @@ def ninja_deps(folder: Path) -> list[str]:
             source_path=str(folder),
             output=out.stdout + out.stderr,
         )
-    return [line.strip() for line in out.stdout.splitlines() if line.startswith("    ")]
+    deps = [line[4:] for line in out.stdout.splitlines() if line.startswith("    ")]
+    # A path ninja could not parse comes back in pieces; a module whose dependencies are unknown
+    # could be served stale, so it is not cached.
+    lost = [d for d in deps if not (folder / d).is_file()]
+    if lost:
+        raise CompileError(
+            "sgljit: ninja could not record the build's dependencies (a path with characters its "
+            "depfile parser splits on?); move the sources to a plainer path",
+            command=f"{find_ninja()} -t deps",
+            source_path=str(folder),
+            output=out.stdout,
+        )
+    return deps
 
 
 def _build_with_tvm_ffi(
@@ -224,8 +237,11 @@ def _build_with_tvm_ffi(
 
     cpp_files = [str(folder / s) for s in sources if s.endswith(".cc")]
     cuda_files = [str(folder / s) for s in sources if s.endswith(".cu")]
+    ninja_dir = os.path.dirname(find_ninja())
     with _env_guard:
         saved = os.environ.get("TVM_FFI_CUDA_ARCH_LIST")
+        saved_path = os.environ.get("PATH", "")
+        os.environ["PATH"] = ninja_dir + os.pathsep + saved_path  # tvm-ffi runs "ninja" from PATH
         if cuda_files:
             os.environ["TVM_FFI_CUDA_ARCH_LIST"] = " ".join(arch)
             os.environ.setdefault("CUDA_HOME", cuda_home())
@@ -243,6 +259,7 @@ def _build_with_tvm_ffi(
         except RuntimeError as err:
             raise _compile_error(name, folder, str(err), sources) from None
         finally:
+            os.environ["PATH"] = saved_path
             if saved is None:
                 os.environ.pop("TVM_FFI_CUDA_ARCH_LIST", None)
             else:

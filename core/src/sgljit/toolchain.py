@@ -23,6 +23,7 @@ __all__ = [
     "compiler_identity",
     "cuda_arch_list",
     "cuda_home",
+    "find_ninja",
     "find_nvcc",
     "host_cxx",
     "outside",
@@ -150,6 +151,42 @@ def outside(paths: Iterable[str], folders: Iterable[str | os.PathLike]) -> list[
 def host_cxx() -> str:
     """The host C++ compiler tvm-ffi will use (``$CXX`` or ``c++``)."""
     return os.environ.get("CXX", "c++")
+
+
+# ninja before 1.13 splits a depfile's paths at quotes and ampersands, so headers under such a
+# folder would drop out of a module's dependencies and their edits would not rebuild it.
+MIN_NINJA = (1, 13)
+
+
+@functools.cache
+def find_ninja() -> str:
+    """The ninja that builds CUDA modules and reads back their dependencies: the ``ninja``
+    package's (a dependency of sgljit, so its version is known), else the one on PATH. One older
+    than :data:`MIN_NINJA` is refused with the fix in the message.
+
+    >>> os.path.basename(find_ninja())
+    'ninja'
+    """
+    try:
+        import ninja
+
+        found = shutil.which("ninja", path=ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        found = None
+    found = found or shutil.which("ninja")
+    need = ".".join(map(str, MIN_NINJA))
+    if found is None:
+        raise SgljitError(
+            f"sgljit: no ninja found to build CUDA modules; pip install 'ninja>={need}'"
+        )
+    identity = compiler_identity(found)
+    version = tuple(int(n) for n in re.findall(r"\d+", identity)[:2])
+    if version < MIN_NINJA:
+        raise SgljitError(
+            f"sgljit: {found} is ninja {identity}; CUDA modules need ninja>={need} (older ones "
+            f"lose dependency paths that contain quotes); pip install 'ninja>={need}'"
+        )
+    return found
 
 
 def find_nvcc() -> str | None:
