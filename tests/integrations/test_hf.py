@@ -167,18 +167,21 @@ def test_training_runs_hf_code(family, op_calls):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("cos_batch", [1, 3])
-def test_rope_function(backend, backend_env, op_calls, dtype, cos_batch):
-    """The patched apply_rotary_pos_emb against HF's on [B, H, S, D] views (HF's layout), cos/sin
-    shared by the batch or per sequence; the inputs are left as they were."""
+@pytest.mark.parametrize("shared_cos", [True, False], ids=["cos-shared", "cos-per-seq"])
+@pytest.mark.parametrize("batch,seq", [(3, 5), (1, 5), (3, 1), (1, 1)])
+def test_rope_function(backend, backend_env, op_calls, dtype, shared_cos, batch, seq):
+    """The patched apply_rotary_pos_emb against HF's on [B, H, S, D] views (HF's layout): several
+    sequences, one (prefill), one token each (decode); cos/sin shared by the batch or per
+    sequence; the inputs are left as they were."""
     from transformers.models.llama import modeling_llama
 
     device, ctx = backend_env
     original = modeling_llama.apply_rotary_pos_emb
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(3, 5, 4, HEAD_DIM, generator=g).to(device, dtype).transpose(1, 2)
-    k = torch.randn(3, 5, 2, HEAD_DIM, generator=g).to(device, dtype).transpose(1, 2)
-    angles = torch.rand(cos_batch, 5, HEAD_DIM // 2, generator=g) * 50
+    q = torch.randn(batch, seq, 4, HEAD_DIM, generator=g).to(device, dtype).transpose(1, 2)
+    k = torch.randn(batch, seq, 2, HEAD_DIM, generator=g).to(device, dtype).transpose(1, 2)
+    cos_batch = 1 if shared_cos else batch
+    angles = torch.rand(cos_batch, seq, HEAD_DIM // 2, generator=g) * 50
     emb = torch.cat((angles, angles), dim=-1).to(device)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     q0, k0 = q.clone(), k.clone()

@@ -10,9 +10,10 @@ What is patched, in the model family's modeling module (``transformers.models.<f
 - ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``: HF passes cos/sin already gathered for
   each token (``[B, S, D]``, ``cos = cos(cat(freqs, freqs)) * attention_scaling`` in the model's
   dtype, every rope type of these families). Its first half per token is exactly a row of an
-  ``apply_rope`` table: the call builds that ``[B*S, D]`` float32 table, positions ``0..B*S-1``, and
-  rotates copies of q and k in one kernel (neox pairs = ``rotate_half``). Any other call (partial
-  rotary, another ``unsqueeze_dim``, cos in another dtype, grad needed) runs HF's function.
+  ``apply_rope`` table: the call builds that ``[B*S, D]`` table in the model's dtype (one ``cat``),
+  takes positions ``0..B*S-1`` (kept per shape) and rotates copies of q and k in one kernel (neox
+  pairs = ``rotate_half``). Any other call (partial rotary, another ``unsqueeze_dim``, cos in
+  another dtype, grad needed) runs HF's function.
 
 Before patching, each replacement is checked against the installed transformers on small CPU
 tensors (the norm formula bit for bit, the rope convention to 1e-6): a version whose code has
@@ -239,23 +240,39 @@ def _rope_fits(q, k, cos, sin) -> bool:
 
 
 def _rope_kernel(q, k, cos, sin):
-    """New q, k (as [B, H, S, D] views of [B, S, H, D] buffers, HF's own layout)."""
+    """New q, k: rotated copies, as HF returns. With one sequence or one token per sequence (every
+    decode step), q and k are copied by one ``cat`` into a [B, Hq + Hk, S, D] buffer whose
+    [B * S, H, D] view the kernel rotates in place; else each is copied into [B, S, H, D] (HF's
+    own layout)."""
     b, hq, s, d = q.shape
-    hk, rows, half = k.shape[1], cos.shape[0] * s, d // 2
-    cache = torch.empty(cos.shape[0], s, d, dtype=torch.float32, device=q.device)
-    cache[..., :half].copy_(cos[..., :half])
-    cache[..., half:].copy_(sin[..., :half])
-    positions = torch.arange(rows, device=q.device)
-    if cos.shape[0] != b:  # one row of cos/sin per position, shared by the batch
-        positions = positions.repeat(b)
-    q_out = torch.empty(b, s, hq, d, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(b, s, hk, d, dtype=k.dtype, device=k.device)
-    q_out.copy_(q.transpose(1, 2))
-    k_out.copy_(k.transpose(1, 2))
-    ops.apply_rope(
-        q_out.view(b * s, hq, d), k_out.view(b * s, hk, d), cache.view(rows, d), positions
-    )
+    rows, half = cos.shape[0] * s, d // 2
+    # cos/sin rows are exactly rows of an apply_rope table (cos | sin halves) in q's dtype.
+    cache = torch.cat((cos[..., :half], sin[..., :half]), dim=-1).view(rows, d)
+    positions = _positions(rows, b // cos.shape[0], q.device)
+    if b == 1 or s == 1:
+        qk = torch.cat((q, k), dim=1)  # [B, H, S, D]; as [B * S, H, D] a view (B or S is 1)
+        rows_view = qk.transpose(1, 2).view(b * s, qk.shape[1], d)
+        ops.apply_rope(rows_view[:, :hq], rows_view[:, hq:], cache, positions)
+        return qk[:, :hq], qk[:, hq:]
+    q_out = q.transpose(1, 2).clone(memory_format=torch.contiguous_format)
+    k_out = k.transpose(1, 2).clone(memory_format=torch.contiguous_format)
+    ops.apply_rope(q_out.view(b * s, hq, d), k_out.view(b * s, -1, d), cache, positions)
     return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_positions(rows: int, repeats: int, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # usable outside inference mode too
+        return torch.arange(rows, device=device).repeat(repeats)
+
+
+def _positions(rows: int, repeats: int, device: torch.device) -> torch.Tensor:
+    """``0..rows-1`` ``repeats`` times (cos/sin shared by a batch: one row per position), kept per
+    shape and device: a decode step then launches nothing for it. Not kept while a CUDA graph is
+    captured (its values would exist only once the graph replays)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.arange(rows, device=device).repeat(repeats)
+    return _cached_positions(rows, repeats, device)
 
 
 def _rope_function(original):
