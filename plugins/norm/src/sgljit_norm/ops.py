@@ -700,6 +700,11 @@ def _shaped(input, other, other_name: str, input_written: bool) -> tuple[bool, o
     ops when one of them is 3-D with leading dimensions that do not collapse into one row stride,
     else ``(False, input, other)`` as [rows, H] (:func:`sgljit.op.as_rows`). ``other`` is
     written, ``input`` when ``input_written``."""
+    try:  # the common case first (a model's [B, S, H] activations): both contiguous, rows views
+        if input.is_contiguous() and other.is_contiguous():
+            return False, input.view(-1, input.shape[-1]), other.view(-1, other.shape[-1])
+    except (AttributeError, IndexError, RuntimeError):  # not tensors, 0-D, no rows: the slow path
+        pass
     if _apart(input) or _apart(other):
         shape = (input if _apart(input) else other).shape
         return (
