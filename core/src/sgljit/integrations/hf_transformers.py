@@ -240,18 +240,18 @@ def _rope_fits(q, k, cos, sin) -> bool:
 
 
 def _rope_kernel(q, k, cos, sin):
-    """New q, k: rotated copies, as HF returns. With one sequence or one token per sequence (every
-    decode step), q and k are copied by one ``cat`` into a [B, Hq + Hk, S, D] buffer whose
-    [B * S, H, D] view the kernel rotates in place; else each is copied into [B, S, H, D] (HF's
-    own layout)."""
+    """New q, k: rotated copies, as HF returns. With one token per sequence (every decode step),
+    q and k are copied by one ``cat`` into a [B, Hq + Hk, 1, D] buffer whose [B, H, D] view the
+    kernel rotates in place; else each is copied into [B, S, H, D], HF's own layout, which a plain
+    copy gives (a ``cat`` in [B, H, S, D] order would transpose them)."""
     b, hq, s, d = q.shape
     rows, half = cos.shape[0] * s, d // 2
     # cos/sin rows are exactly rows of an apply_rope table (cos | sin halves) in q's dtype.
     cache = torch.cat((cos[..., :half], sin[..., :half]), dim=-1).view(rows, d)
     positions = _positions(rows, b // cos.shape[0], q.device)
-    if b == 1 or s == 1:
-        qk = torch.cat((q, k), dim=1)  # [B, H, S, D]; as [B * S, H, D] a view (B or S is 1)
-        rows_view = qk.transpose(1, 2).view(b * s, qk.shape[1], d)
+    if s == 1:
+        qk = torch.cat((q, k), dim=1)
+        rows_view = qk.view(b, qk.shape[1], d)
         ops.apply_rope(rows_view[:, :hq], rows_view[:, hq:], cache, positions)
         return qk[:, :hq], qk[:, hq:]
     q_out = q.transpose(1, 2).clone(memory_format=torch.contiguous_format)
