@@ -197,6 +197,26 @@ def test_rope_function(backend, backend_env, op_calls, dtype, shared_cos, batch,
         torch.testing.assert_close(r, e, **tol)
 
 
+def test_rope_function_compiles_to_one_graph():
+    """The patched apply_rotary_pos_emb under torch.compile(fullgraph=True) (the reference backend
+    on the CPU): no graph break, HF's result at a decode step, twice (positions are not kept)."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1, 4, HEAD_DIM, generator=g).transpose(1, 2)
+    k = torch.randn(2, 1, 2, HEAD_DIM, generator=g).transpose(1, 2)
+    angles = torch.rand(1, 1, HEAD_DIM // 2, generator=g) * 50
+    emb = torch.cat((angles, angles), dim=-1)
+    expected = original(q, k, emb.cos(), emb.sin())
+    sgl.apply_to_llama(rms_norm=False)
+    compiled = torch.compile(modeling_llama.apply_rotary_pos_emb, fullgraph=True, backend="eager")
+    for _ in range(2):
+        got = compiled(q, k, emb.cos(), emb.sin())
+        for e, r in zip(expected, got, strict=True):
+            torch.testing.assert_close(r, e, rtol=0, atol=1e-5)
+
+
 def test_rope_function_falls_back(op_calls):
     """Calls the kernel route does not take exactly run HF's function."""
     from transformers.models.llama import modeling_llama

@@ -269,8 +269,11 @@ def _cached_positions(rows: int, repeats: int, device: torch.device) -> torch.Te
 def _positions(rows: int, repeats: int, device: torch.device) -> torch.Tensor:
     """``0..rows-1`` ``repeats`` times (cos/sin shared by a batch: one row per position), kept per
     shape and device: a decode step then launches nothing for it. Not kept while a CUDA graph is
-    captured (its values would exist only once the graph replays)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    captured (its values would exist only once the graph replays) nor in a compiled graph (which
+    computes it once in its own code)."""
+    if torch.compiler.is_compiling() or (
+        device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    ):
         return torch.arange(rows, device=device).repeat(repeats)
     return _cached_positions(rows, repeats, device)
 
