@@ -17,7 +17,8 @@
 // Conversion: clamp + round-to-nearest-even = the hardware cvt.rn.satfinite (saturation to +-max is
 // the clamp; NaN stays NaN: 0x7F, as torch's conversion of the canonical NaN the GPU produces).
 // Dynamic scale: max(absmax / fp8_max, 2^-126) in fp32 (true division); absmax is a max over |x| bit
-// patterns (abs_bits), so a NaN anywhere gives a NaN scale, as torch.amax.
+// patterns (abs_bits) or a NaN-propagating float max (max_abs), so a NaN anywhere gives a NaN scale,
+// as torch.amax.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -50,7 +51,16 @@ inline constexpr float kMinScale = 1.17549435082228750797e-38f;
 // above +inf, so a max over these bits is a NaN-propagating absmax.
 SGLJIT_DEVICE uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 
-// max(absmax / fp8_max, 2^-126) from absmax's bits (a max over abs_bits).
+// max(m, |x|), NaN if either is NaN (PTX max.NaN: one FMNMX with |x| as an operand modifier, where
+// abs_bits and an integer max take two instructions). Its results are >= 0 or NaN, so their bits
+// order as abs_bits' do and reduce as they do.
+SGLJIT_DEVICE float max_abs(float m, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
+  return r;
+}
+
+// max(absmax / fp8_max, 2^-126) from absmax's bits (a max over abs_bits or max_abs).
 SGLJIT_DEVICE float scale_from_absmax(uint32_t bits, float fp8_max) {
   const float s = __fdiv_rn(__uint_as_float(bits), fp8_max);
   return s < kMinScale ? kMinScale : s;  // NaN compares false: stays NaN

@@ -12,7 +12,7 @@
 // registers, every load issued together, so x is read from memory once; up to 32 threads the group is
 // a (sub-)warp reduced by shuffles, beyond it a multi-warp group reduced through shared memory
 // (double-buffered by parity: one barrier per reduction). One row group per block (small groups:
-// several), grid = row groups. Per token adds a second group reduction (max of |y| as bits) and then
+// several), grid = row groups. Per token adds a second group reduction (max of |y|: sgljit::max_abs, reduced as bits) and then
 // recomputes y from the registers to quantize it. Each thread's vector of kVec elements becomes kVec
 // fp8 bytes in one store.
 // Launched with programmatic dependent launch; grids of at most kPrefetchBlocksPerSM blocks per SM first
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
     };
     float s = static_scale;
     if constexpr (kDynamic) {
-      uint32_t m = 0;
+      float absmax = 0.0f;
       if (valid) {
 #pragma unroll
         for (int j = 0; j < kVPT; ++j) {
@@ -227,12 +227,12 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
             const WV wv = weight(j);
 #pragma unroll
             for (int e = 0; e < kVec; ++e) {
-              m = max(m, sgljit::abs_bits(sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e)));
+              absmax = sgljit::max_abs(absmax, sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e));
             }
           }
         }
       }
-      m = group_max<kTPR>(m, red + parity * kRedSlots);
+      const uint32_t m = group_max<kTPR>(__float_as_uint(absmax), red + parity * kRedSlots);
       parity ^= 1;
       s = sgljit::scale_from_absmax(m, Fp8<Q>::kMax);
       if (valid && lane == 0) a.scales[row] = s;
@@ -302,9 +302,9 @@ __global__ void __launch_bounds__(NormQuantConfig::kGenericThreads)
     auto y = [&](int64_t c) { return to_float(src[c]) * inv_rms * to_float(a.weight[c]); };
     float s;
     if constexpr (kDynamic) {
-      uint32_t m = 0;
-      for (int64_t c = threadIdx.x; c < h; c += blockDim.x) m = max(m, sgljit::abs_bits(y(c)));
-      m = __reduce_max_sync(sgljit::kFullMask, m);
+      float absmax = 0.0f;
+      for (int64_t c = threadIdx.x; c < h; c += blockDim.x) absmax = sgljit::max_abs(absmax, y(c));
+      uint32_t m = __reduce_max_sync(sgljit::kFullMask, __float_as_uint(absmax));
       if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = __uint_as_float(m);
       __syncthreads();
       m = 0;
