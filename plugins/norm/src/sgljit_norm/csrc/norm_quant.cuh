@@ -12,9 +12,9 @@
 // registers, every load issued together, so x is read from memory once; up to 32 threads the group is
 // a (sub-)warp reduced by shuffles, beyond it a multi-warp group reduced through shared memory
 // (double-buffered by parity: one barrier per reduction). One row group per block (small groups:
-// several), grid = row groups. Per token adds a second group reduction (max of |y|: sgljit::max_abs, reduced as bits) and then
-// recomputes y from the registers to quantize it. Each thread's vector of kVec elements becomes kVec
-// fp8 bytes in one store.
+// several), grid = row groups. Per token adds a second group reduction (max of |y| by
+// sgljit::max_abs, reduced as bits) and then recomputes y from the registers to quantize it. Each
+// thread's vector of kVec elements becomes kVec fp8 bytes in one store.
 // Launched with programmatic dependent launch; grids of at most kPrefetchBlocksPerSM blocks per SM first
 // prefetch their rows and the weight into L2, so the first DRAM round trip overlaps the previous kernel.
 // Codes: by sgljit::Bracket (two products by 1/scale's bracket, both converted; equal codes are the
