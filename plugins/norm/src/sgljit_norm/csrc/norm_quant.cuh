@@ -13,7 +13,8 @@
 // a (sub-)warp reduced by shuffles, beyond it a multi-warp group reduced through shared memory
 // (double-buffered by parity: one barrier per reduction). One row group per block (small groups:
 // several), grid = row groups. Per token adds a second group reduction (max of |y| by
-// sgljit::max_abs, reduced as bits) and then recomputes y from the registers to quantize it. Each
+// sgljit::max_abs, reduced as bits); the plain form keeps y in shared memory for the codes (rows of
+// up to 48 KB a block; the fused form and wider rows recompute it from the registers). Each
 // thread's vector of kVec elements becomes kVec fp8 bytes in one store.
 // Launched with programmatic dependent launch; grids of at most kPrefetchBlocksPerSM blocks per SM first
 // prefetch their rows and the weight into L2, so the first DRAM round trip overlaps the previous kernel.
@@ -67,6 +68,14 @@ struct NormQuantConfig {
   // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids the
   // prefetches compete with the previous kernel's loads.
   static constexpr int kPrefetchBlocksPerSM = 1;
+  // Per token without the add, y (fp32) goes to shared memory in the absmax pass and the codes read
+  // it back, where recomputing it from the packed row and weight took about 4 instructions an element
+  // (the kernel is issue-bound: 0.92-0.95x from T=1024, ab-norm-quant-held-y.md). Holding y in
+  // registers spills. Up to the static shared memory a block may take without an opt-in.
+  template <bool kFused, bool kDynamic>
+  static constexpr bool holds_y(int bytes) {
+    return kDynamic && !kFused && bytes <= 48 * 1024;
+  }
   // Generic path: threads per block (one block per row).
   static constexpr int kGenericThreads = 256;
   // Stores (residual and fp8 out): streaming (st.global.cs, evict-first) for the fused add, which
@@ -97,6 +106,29 @@ struct NormQuantArgs {
   int64_t in_stride, res_stride, out_stride;
   float eps;
 };
+
+// A thread's y values in shared memory: float4 slot q of its vector j at held[j * kVec / 4 + q][threadIdx.x],
+// so consecutive threads touch consecutive 16 bytes (no bank conflicts). Each thread reads back only
+// what it wrote: no barrier.
+template <int kVec, int kBlock>
+SGLJIT_DEVICE void put_y(float4 (*held)[kBlock], int j, const float (&y)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec / 4; ++q) {
+    held[j * (kVec / 4) + q][threadIdx.x] = make_float4(y[4 * q], y[4 * q + 1], y[4 * q + 2], y[4 * q + 3]);
+  }
+}
+
+template <int kVec, int kBlock>
+SGLJIT_DEVICE void get_y(const float4 (*held)[kBlock], int j, float (&y)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec / 4; ++q) {
+    const float4 f = held[j * (kVec / 4) + q][threadIdx.x];
+    y[4 * q] = f.x;
+    y[4 * q + 1] = f.y;
+    y[4 * q + 2] = f.z;
+    y[4 * q + 3] = f.w;
+  }
+}
 
 // Max of |y| bits over a row group of kThreads threads, as group_sum (norm.cuh) reduces the sums; `red`
 // words hold the warps' maxima as float bit patterns.
@@ -142,6 +174,9 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
   using WV = AlignedVector<W, kVec>;  // the weight of a vector of the row (32 bytes for float32 of 16-bit T)
   using Out = typename sgljit::RawBytes<kVec>::type;  // kVec fp8 bytes
   __shared__ float red[2 * kRedSlots];
+  // Per token without the add: y from the absmax pass, kept for the codes (see NormQuantConfig::holds_y).
+  constexpr bool kHoldY = NormQuantConfig::holds_y<kFused, kDynamic>(kBlock * kVPT * kVec * sizeof(float));
+  __shared__ float4 held[kHoldY ? kVPT * kVec / 4 : 1][kHoldY ? kBlock : 1];
 
   const int sub = threadIdx.x / kTPR, lane = threadIdx.x % kTPR;
   const int64_t groups = div_ceil<int64_t>(a.rows, kRowsPerBlock);
@@ -225,10 +260,13 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
         for (int j = 0; j < kVPT; ++j) {
           if (has(j)) {
             const WV wv = weight(j);
+            float yv[kVec];
 #pragma unroll
             for (int e = 0; e < kVec; ++e) {
-              absmax = sgljit::max_abs(absmax, sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e));
+              yv[e] = sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e);
+              absmax = sgljit::max_abs(absmax, yv[e]);
             }
+            if constexpr (kHoldY) put_y(held, j, yv);
           }
         }
       }
@@ -249,8 +287,17 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       if (has(j)) {
-        const WV wv = weight(j);
-        auto y = [&](int e) { return sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e); };
+        float yv[kHoldY ? kVec : 1];
+        WV wv{};
+        if constexpr (kHoldY) {
+          get_y(held, j, yv);
+        } else {
+          wv = weight(j);
+        }
+        auto y = [&](int e) {
+          if constexpr (kHoldY) return yv[e];
+          else return sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e);
+        };
         uint16_t codes[kVec / 2];
         if (fast) {
           uint32_t differ = 0;
