@@ -252,6 +252,10 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
         return wv;
       }
     };
+    // y of element e of this thread's vector j, in the reference's order: (x * inv_rms) * w, fp32.
+    auto norm_y = [&](int j, const WV& wv, int e) {
+      return sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e);
+    };
     float s = static_scale;
     if constexpr (kDynamic) {
       float absmax = 0.0f;
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
             float yv[kVec];
 #pragma unroll
             for (int e = 0; e < kVec; ++e) {
-              yv[e] = sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e);
+              yv[e] = norm_y(j, wv, e);
               absmax = sgljit::max_abs(absmax, yv[e]);
             }
             if constexpr (kHoldY) put_y(held, j, yv);
@@ -296,7 +300,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
         }
         auto y = [&](int e) {
           if constexpr (kHoldY) return yv[e];
-          else return sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(wv, e);
+          else return norm_y(j, wv, e);
         };
         uint16_t codes[kVec / 2];
         if (fast) {
