@@ -55,7 +55,8 @@ def load_sycl(scale=3, source_dir=SOURCES):
 
 def load_cuda(scale=3):
     return sgljit.load_jit("bench_jit_scale_cuda", scale, cuda_files=["scale.cuh"],
-                           cuda_wrappers=[("scale", f"ScaleCuda<{{scale}}>::run")],
+                           cuda_wrappers=[("scale", f"ScaleCuda<{{scale}}>::run"),
+                                          ("scale_runtime_launch", f"ScaleCuda<{{scale}}>::run_runtime_launch")],
                            source_dir=SOURCES)
 """
 
@@ -440,10 +441,26 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
     )
     try:
         cmod = ns["load_cuda"]()
+        # Interleaved rounds: the two launch forms are compared within a row's noise, not a run's.
+        (ours, _), (runtime, _) = _eager_times(
+            [
+                (lambda: lambda _: cmod.scale(xc, oc), None, contextlib.nullcontext),
+                (lambda: lambda _: cmod.scale_runtime_launch(xc, oc), None, contextlib.nullcontext),
+            ],
+            calls,
+            sync,
+        )
         rep.add(
             "host: JIT CUDA op through tvm-ffi (validate + launch), 4096 floats",
-            f"{per_call_us(lambda: cmod.scale(xc, oc), calls, sync):.2f} µs",
-            note="wall per call, launches back to back",
+            f"{ours:.2f} µs",
+            note="wall per call, launches back to back; LaunchKernel: the driver's launch with the "
+            "kernel's handle cached",
+        )
+        rep.add(
+            "host: same op launched by cudaLaunchKernelEx instead of LaunchKernel, 4096 floats",
+            f"{runtime:.2f} µs",
+            note="the runtime's launch (looks the kernel up per call); rounds interleaved with the "
+            "row above",
         )
     except Exception as e:
         rep.error("host: JIT CUDA op", e)

@@ -1,5 +1,6 @@
 // CUDA kernel for the JIT-machinery benchmark: out = x * kScale (float32), validated, launched on
-// torch's current stream.
+// torch's current stream by sgljit::LaunchKernel (run) or by the runtime's cudaLaunchKernelEx
+// (run_runtime_launch: the launch LaunchKernel's driver path is measured against).
 #pragma once
 
 #include <sgljit/cuda.cuh>
@@ -24,5 +25,20 @@ struct ScaleCuda {
     const unsigned blocks = static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256}));
     sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks), dim3(256), 0, x.device(), "scale_kernel")(
         static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), len);
+  }
+
+  static void run_runtime_launch(tvm::ffi::TensorView x, tvm::ffi::TensorView out) {
+    sgljit::SymbolicSize n{"n"};
+    sgljit::SymbolicDevice dev;
+    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
+    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(dev).verify(out, "out");
+    const int64_t len = n.value();
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256})));
+    config.blockDim = dim3(256);
+    config.stream = sgljit::get_stream(x.device());
+    sgljit::check_cuda(cudaLaunchKernelEx(&config, scale_kernel<kScale>, static_cast<const float*>(x.data_ptr()),
+                                          static_cast<float*>(out.data_ptr()), len),
+                       "cudaLaunchKernelEx");
   }
 };

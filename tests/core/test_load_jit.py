@@ -40,7 +40,10 @@ def load_add_one_cuda(name: str, dtype=torch.float32):
         name,
         *args,
         cuda_files=["add_one.cuh"],
-        cuda_wrappers=[("add_one", f"AddOneCuda<{args}>::run")],
+        cuda_wrappers=[
+            ("add_one", f"AddOneCuda<{args}>::run"),
+            ("add_one_threads", f"AddOneCuda<{args}>::run_threads"),
+        ],
         source_dir=KERNELS,
     )
 
@@ -445,6 +448,32 @@ def test_pdl_launches_keep_stream_order_in_a_graph(cache_dir):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(x, start + 400, rtol=0, atol=1e-3)
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and has_nvcc()), reason="needs a CUDA GPU and nvcc"
+)
+def test_launch_runs_on_the_current_stream_and_reports_a_failed_launch(cache_dir):
+    """LaunchKernel launches on torch's current stream (a side stream, while the default one
+    sleeps: the side stream's copy sees the result) and raises naming the kernel when the launch
+    fails (2048 threads a block), leaving no error behind for torch's next launch."""
+    module = load_add_one_cuda("add_one_launch")
+    x = torch.zeros(1 << 20, device="cuda")
+    seen = torch.empty(x.shape, pin_memory=True)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # tens of ms on the default stream
+    with torch.cuda.stream(stream):
+        for threads in (32, 128, 1024):
+            module.add_one_threads(x, 1.0, threads)
+        seen.copy_(x, non_blocking=True)
+    stream.synchronize()
+    assert seen.min().item() == seen.max().item() == 3.0
+    with pytest.raises(RuntimeError, match="launch of add_one_kernel failed: cuda"):
+        module.add_one_threads(x, 1.0, 2048)
+    module.add_one(x, 1.0)  # the failed launch left nothing behind
+    torch.cuda.synchronize()
+    assert x.min().item() == x.max().item() == 4.0
 
 
 def test_arch_override_is_validated(monkeypatch):

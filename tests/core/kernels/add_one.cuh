@@ -16,14 +16,16 @@ __global__ void add_one_kernel(T* x, int64_t n, float value) {
 
 template <typename T>
 struct AddOneCuda {
-  static void run(tvm::ffi::TensorView x, double value) {
+  static void run(tvm::ffi::TensorView x, double value) { run_threads(x, value, 256); }
+
+  // Blocks of `threads` threads: more than a block may hold makes the launch fail.
+  static void run_threads(tvm::ffi::TensorView x, double value, int64_t threads) {
     using namespace sgljit;
     SymbolicSize n{"n"};
     auto dt = SymbolicDType::of<T>();
     SymbolicDevice dev;
     TensorMatcher({n}).contiguous().with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "x");
-    const int threads = 256;
-    LaunchKernel(add_one_kernel<T>, dim3(div_ceil<int64_t>(n.value(), threads)), dim3(threads), 0, dev.value(),
+    LaunchKernel(add_one_kernel<T>, dim3(div_ceil<int64_t>(n.value(), threads)), dim3(unsigned(threads)), 0, dev.value(),
                  "add_one_kernel")
         .pdl()(static_cast<T*>(x.data_ptr()), n.value(), static_cast<float>(value));
   }
