@@ -56,7 +56,8 @@ def load_sycl(scale=3, source_dir=SOURCES):
 def load_cuda(scale=3):
     return sgljit.load_jit("bench_jit_scale_cuda", scale, cuda_files=["scale.cuh"],
                            cuda_wrappers=[("scale", f"ScaleCuda<{{scale}}>::run"),
-                                          ("scale_runtime_launch", f"ScaleCuda<{{scale}}>::run_runtime_launch")],
+                                          ("scale_runtime_launch", f"ScaleCuda<{{scale}}>::run_runtime_launch"),
+                                          ("scale_alloc", f"ScaleCuda<{{scale}}>::run_alloc")],
                            source_dir=SOURCES)
 """
 
@@ -441,11 +442,18 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
     )
     try:
         cmod = ns["load_cuda"]()
-        # Interleaved rounds: the two launch forms are compared within a row's noise, not a run's.
-        (ours, _), (runtime, _) = _eager_times(
+        # Interleaved rounds: the launch forms and output allocations are compared within a row's
+        # noise, not a run's.
+        (ours, _), (runtime, _), (py_alloc, _), (cpp_alloc, _) = _eager_times(
             [
                 (lambda: lambda _: cmod.scale(xc, oc), None, contextlib.nullcontext),
                 (lambda: lambda _: cmod.scale_runtime_launch(xc, oc), None, contextlib.nullcontext),
+                (
+                    lambda: lambda _: cmod.scale(xc, torch.empty_like(xc)),
+                    None,
+                    contextlib.nullcontext,
+                ),
+                (lambda: lambda _: cmod.scale_alloc(xc), None, contextlib.nullcontext),
             ],
             calls,
             sync,
@@ -460,7 +468,16 @@ def bench_host_overhead(rep: Report, workdir: Path) -> None:
             "host: same op launched by cudaLaunchKernelEx instead of LaunchKernel, 4096 floats",
             f"{runtime:.2f} µs",
             note="the runtime's launch (looks the kernel up per call); rounds interleaved with the "
-            "row above",
+            "rows above and below",
+        )
+        rep.add(
+            "host: same op, out allocated by torch.empty_like first",
+            f"{py_alloc:.2f} µs",
+        )
+        rep.add(
+            "host: same op, out allocated in C++ (tvm-ffi's environment allocator) and returned",
+            f"{cpp_alloc:.2f} µs",
+            note="torch's allocator, reached through the DLPack exchange API during the call",
         )
     except Exception as e:
         rep.error("host: JIT CUDA op", e)

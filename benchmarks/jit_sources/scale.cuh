@@ -1,10 +1,15 @@
 // CUDA kernel for the JIT-machinery benchmark: out = x * kScale (float32), validated, launched on
 // torch's current stream by sgljit::LaunchKernel (run) or by the runtime's cudaLaunchKernelEx
-// (run_runtime_launch: the launch LaunchKernel's driver path is measured against).
+// (run_runtime_launch: the launch LaunchKernel's driver path is measured against); run_alloc
+// allocates out in C++ through tvm-ffi's environment allocator (torch's, during a call on torch
+// tensors) and returns it, against torch.empty_like in Python.
 #pragma once
 
 #include <sgljit/cuda.cuh>
 #include <sgljit/tensor.h>
+
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/c_env_api.h>
 
 #include <cstdint>
 
@@ -25,6 +30,18 @@ struct ScaleCuda {
     const unsigned blocks = static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256}));
     sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks), dim3(256), 0, x.device(), "scale_kernel")(
         static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), len);
+  }
+
+  static tvm::ffi::Tensor run_alloc(tvm::ffi::TensorView x) {
+    sgljit::SymbolicSize n{"n"};
+    sgljit::SymbolicDevice dev;
+    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
+    tvm::ffi::Tensor out = tvm::ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, x.shape(), x.dtype(), x.device());
+    const int64_t len = n.value();
+    const unsigned blocks = static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256}));
+    sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks), dim3(256), 0, x.device(), "scale_kernel")(
+        static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), len);
+    return out;
   }
 
   static void run_runtime_launch(tvm::ffi::TensorView x, tvm::ffi::TensorView out) {
