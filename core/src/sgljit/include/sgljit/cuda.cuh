@@ -183,8 +183,8 @@ inline bool pdl_enabled(int device_id) {
 namespace detail {
 
 // The driver's cuLaunchKernelEx, found once through the runtime (nothing links libcuda), or null.
-// A launch through it with the kernel's CUfunction in hand costs about 1.2 µs less host time than
-// cudaLaunchKernelEx, which looks the function up on every call (H200 host, NOTES.md).
+// A launch through it with the kernel's CUfunction in hand costs 0.2-0.6 µs less host time than
+// cudaLaunchKernelEx, which looks the function up on every call (H200 host, bench_jit.py's rows).
 using DriverLaunch = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 inline DriverLaunch driver_launch() {
 #if CUDART_VERSION >= 12050
