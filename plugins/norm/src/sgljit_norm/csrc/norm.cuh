@@ -5,36 +5,26 @@
 //
 // The weight has T or float32 (W). kRound (Hugging Face's LlamaRMSNorm): x * rsqrt(...) is rounded to T
 // before the weight multiply; the fused add then normalizes the float32 sum input + residual, not its
-// rounding (sglang's cast_x_before_out_mul). Rows are [T, H], or [B, S, H] with any outer strides (see
-// row_set).
+// rounding (sglang's cast_x_before_out_mul). Rows are [T, H], or [B, S, H] with any outer strides.
 //
-// Fast path (the row width H is a template argument, H a whole number of 16-byte vectors, at most
-// NormConfig::kMaxVecsPerRow of them; 16-byte aligned rows):
-//  * a row is spread over a "row group" of threads, each holding a few 16-byte vectors of the row and
-//    of the weight in registers, loaded together: x is read from memory once and a row costs one memory
-//    round trip. Up to 32 threads the group is a (sub-)warp reduced with shuffles only, beyond it a
-//    multi-warp group reduced through shared memory;
-//  * one row group per block (small groups: several per block), grid = row groups, so the hardware
-//    scheduler overlaps one block's reduction and stores with other blocks' loads;
-//  * loads are 16-byte ld.global.nc; stores are plain for rmsnorm and streaming (st.global.cs) for the
-//    fused add, which writes two rows per row;
-//  * launched with programmatic dependent launch: the block waits for the previous kernel before its
-//    first access, and the launch latency overlaps that kernel's tail. Small grids (at most
-//    kPrefetchBlocksPerSM blocks per SM) first prefetch their rows and the weight into L2, one bulk
-//    request per row, so the first DRAM round trip overlaps that tail too (safe for data the previous
-//    kernel writes, see sgljit::prefetch_l2);
-//  * rows of at most 32 vectors (qknorm's heads) in grids of kPackMinBlocksPerSM+ blocks per SM, or
-//    where packing makes a grid small enough to prefetch, are packed: a thread holds 2 vectors of each
-//    of 2 rows (RowConfig::kPacked), 4 loads in flight;
-//  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) and rmsnorm's few rows (kFewRows)
-//    of a power-of-two number of vectors take their own row groups and register budgets
-//    (NormConfig::kMany*, kFew*).
-// A launch may serve two row sets (q and k) with different widths: blocks [0, grid_a) work on set a, the
-// rest on set b, each share sized by its number of rows.
-//
-// Generic path (any H, any alignment): one block per row, scalar accesses, two passes over the row
-// (the second pass re-reads the row, from L1/L2). Used when the fast path's conditions do not hold.
-// Tuning constants: NormConfig below; benchmarks/NOTES.md has the measurements behind them.
+// Fast path (H a template argument, a whole number of 16-byte vectors, at most kMaxVecsPerRow; aligned rows):
+//  * a "row group" of threads holds the row and the weight in registers, a few 16-byte vectors a
+//    thread loaded together (one memory round trip a row); a (sub-)warp reduced by shuffles up to 32
+//    threads, beyond that a multi-warp group reduced through shared memory;
+//  * one row group per block (small groups: several), grid = row groups: the hardware overlaps one
+//    block's reduction and stores with other blocks' loads;
+//  * 16-byte ld.global.nc loads; plain stores, streaming (st.global.cs) for the fused add's two rows;
+//  * programmatic dependent launch; grids of at most kPrefetchBlocksPerSM blocks per SM first prefetch
+//    their rows and the weight into L2 (one bulk request a row, see sgljit::prefetch_l2), so the first
+//    DRAM round trip overlaps the previous kernel's tail;
+//  * rows of at most 32 vectors (qknorm's heads) are packed, 2 vectors of each of 2 rows a thread
+//    (RowConfig::kPacked), in grids of kPackMinBlocksPerSM+ blocks per SM or where packing makes the
+//    grid small enough to prefetch;
+//  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) and rmsnorm's few rows (kFewRows) of
+//    a power-of-two number of vectors take their own row groups and register budgets (kMany*, kFew*).
+// One launch may serve two row sets (q and k) of different widths: blocks [0, grid_a) take set a.
+// Generic path (any H, any alignment): one block per row, scalar accesses, the row read twice (the
+// second time from L1/L2). Tuning constants: NormConfig; the evidence: benchmarks/NOTES.md.
 #pragma once
 
 #include <sgljit/cuda.cuh>
