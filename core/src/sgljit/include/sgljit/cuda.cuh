@@ -217,23 +217,25 @@ inline CUfunction driver_function(const void* kernel, int device_id) {
   constexpr size_t kSlots = 256;  // a process's kernels × devices; beyond, the runtime launches
   static Slot slots[kSlots];
   const size_t start = ((reinterpret_cast<uintptr_t>(kernel) >> 4) ^ size_t(device_id) * 0x9E37u) % kSlots;
-  auto find = [&](bool* free_slot) -> Slot* {  // the matching slot, or the first empty one
+  auto find = [&]() -> Slot* {  // the slot holding (kernel, device_id), else the first empty one
     for (size_t i = 0; i < kSlots; ++i) {
       Slot& slot = slots[(start + i) % kSlots];
       const void* k = slot.kernel.load(std::memory_order_acquire);
-      if (k == nullptr) return *free_slot = true, &slot;
-      if (k == kernel && slot.device == device_id) return &slot;
+      if (k == nullptr || (k == kernel && slot.device == device_id)) return &slot;
     }
     return nullptr;
   };
-  bool free_slot = false;
-  if (Slot* hit = find(&free_slot); hit != nullptr && !free_slot) return hit->function;
+  // Checked on a fresh load: an empty slot found without the lock may be filled since, maybe for
+  // another kernel.
+  auto holds = [&](const Slot* slot) {
+    return slot->kernel.load(std::memory_order_acquire) == kernel && slot->device == device_id;
+  };
+  if (Slot* hit = find(); hit != nullptr && holds(hit)) return hit->function;
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
-  free_slot = false;
-  Slot* slot = find(&free_slot);
+  Slot* slot = find();  // slots are filled only under the lock: empty or ours
   if (slot == nullptr) return nullptr;
-  if (!free_slot) return slot->function;  // filled while this thread waited
+  if (holds(slot)) return slot->function;  // filled while this thread waited
   cudaFunction_t function = nullptr;
   if (on_device(device_id, [&] { return cudaGetFuncBySymbol(&function, kernel); }) != cudaSuccess) {
     (void)cudaGetLastError();
