@@ -25,6 +25,7 @@ struct AddOneCuda {
     auto dt = SymbolicDType::of<T>();
     SymbolicDevice dev;
     TensorMatcher({n}).contiguous().with_dtype(dt).with_device(kDLCUDA, dev).verify(x, "x");
+    RuntimeCheck(threads > 0, "threads: expected a positive count, got ", threads);
     LaunchKernel(add_one_kernel<T>, dim3(div_ceil<int64_t>(n.value(), threads)), dim3(unsigned(threads)), 0, dev.value(),
                  "add_one_kernel")
         .pdl()(static_cast<T*>(x.data_ptr()), n.value(), static_cast<float>(value));
