@@ -22,40 +22,43 @@ __global__ void scale_kernel(const float* __restrict__ in, float* __restrict__ o
 template <int kScale>
 struct ScaleCuda {
   static void run(tvm::ffi::TensorView x, tvm::ffi::TensorView out) {
-    sgljit::SymbolicSize n{"n"};
-    sgljit::SymbolicDevice dev;
-    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
-    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(dev).verify(out, "out");
-    const int64_t len = n.value();
-    const unsigned blocks = static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256}));
-    sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks), dim3(256), 0, x.device(), "scale_kernel")(
-        static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), len);
+    launch(x, out.data_ptr(), checked_len(x, &out));
   }
 
   static tvm::ffi::Tensor run_alloc(tvm::ffi::TensorView x) {
-    sgljit::SymbolicSize n{"n"};
-    sgljit::SymbolicDevice dev;
-    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
+    const int64_t len = checked_len(x);
     tvm::ffi::Tensor out = tvm::ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, x.shape(), x.dtype(), x.device());
-    const int64_t len = n.value();
-    const unsigned blocks = static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256}));
-    sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks), dim3(256), 0, x.device(), "scale_kernel")(
-        static_cast<const float*>(x.data_ptr()), static_cast<float*>(out.data_ptr()), len);
+    launch(x, out.data_ptr(), len);
     return out;
   }
 
   static void run_runtime_launch(tvm::ffi::TensorView x, tvm::ffi::TensorView out) {
-    sgljit::SymbolicSize n{"n"};
-    sgljit::SymbolicDevice dev;
-    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
-    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(dev).verify(out, "out");
-    const int64_t len = n.value();
+    const int64_t len = checked_len(x, &out);
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(sgljit::div_ceil(len, int64_t{256})));
-    config.blockDim = dim3(256);
+    config.gridDim = dim3(blocks(len));
+    config.blockDim = dim3(kThreads);
     config.stream = sgljit::get_stream(x.device());
     sgljit::check_cuda(cudaLaunchKernelEx(&config, scale_kernel<kScale>, static_cast<const float*>(x.data_ptr()),
                                           static_cast<float*>(out.data_ptr()), len),
                        "cudaLaunchKernelEx");
+  }
+
+ private:
+  static constexpr int kThreads = 256;
+
+  // x's length, x a float32 CUDA vector; out, when given, of the same length and device.
+  static int64_t checked_len(const tvm::ffi::TensorView& x, const tvm::ffi::TensorView* out = nullptr) {
+    sgljit::SymbolicSize n{"n"};
+    sgljit::SymbolicDevice dev;
+    sgljit::TensorMatcher({n}).with_dtype<float>().with_device(kDLCUDA, dev).verify(x, "x");
+    if (out != nullptr) sgljit::TensorMatcher({n}).with_dtype<float>().with_device(dev).verify(*out, "out");
+    return n.value();
+  }
+
+  static unsigned blocks(int64_t len) { return static_cast<unsigned>(sgljit::div_ceil(len, int64_t{kThreads})); }
+
+  static void launch(const tvm::ffi::TensorView& x, void* out, int64_t len) {
+    sgljit::LaunchKernel(scale_kernel<kScale>, dim3(blocks(len)), dim3(kThreads), 0, x.device(), "scale_kernel")(
+        static_cast<const float*>(x.data_ptr()), static_cast<float*>(out), len);
   }
 };
