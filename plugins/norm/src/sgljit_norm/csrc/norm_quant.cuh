@@ -30,7 +30,6 @@
 
 #include "norm.cuh"  // RowConfig, group_block, group_sum, check_width
 
-#include <sgljit/bulk.cuh>
 #include <sgljit/cuda.cuh>
 #include <sgljit/fp8.cuh>
 #include <sgljit/reduce.cuh>
@@ -324,140 +323,6 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
   }
 }
 
-
-#ifdef NQ_AB_STAGED
-// EXPERIMENT: plain forms, one row group a block, persistent grid; each block's next NQ_AB_STAGED rows
-// are bulk-copied into shared memory while it computes the current one.
-template <typename T, typename W, typename Q, int kH, int kTarget, bool kDynamic>
-struct StagedShape {
-  using Shape = RowShape<T, kH, kTarget, W>;
-  static constexpr int kStages = NQ_AB_STAGED;
-  static constexpr bool kHoldY = NormQuantConfig::holds_y<false, kDynamic>(Shape::kBlock * Shape::kVecsPerThread * Shape::kVec * 4);
-  static constexpr int kBytes = (kHoldY ? Shape::kBlock * Shape::kVecsPerThread * Shape::kVec * 4 : 16) +
-                                kStages * Shape::kNumVec * 16;
-  static constexpr bool kOk = Shape::kValid && Shape::kBlock == Shape::kThreads && Shape::kThreads > 32 &&
-                              Shape::kNumVec % Shape::kThreads == 0 && kBytes <= 46 * 1024;
-  static constexpr int kMinBlocks =
-      std::max(1, std::min(NormQuantConfig::kThreadsPerSM / Shape::kBlock, 228 * 1024 / (kBytes + 1024 + 256)));
-};
-
-template <typename T, typename W, typename Q, int kH, int kTarget, bool kDynamic>
-__global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
-                                  StagedShape<T, W, Q, kH, kTarget, kDynamic>::kMinBlocks)
-    norm_quant_staged_kernel(const NormQuantArgs<T, W> a) {
-  using Shape = RowShape<T, kH, kTarget, W>;
-  using SS = StagedShape<T, W, Q, kH, kTarget, kDynamic>;
-  constexpr int kVec = Shape::kVec, kNumVec = Shape::kNumVec, kTPR = Shape::kThreads, kVPT = Shape::kVecsPerThread;
-  constexpr int kBlock = Shape::kBlock, kRedSlots = kBlock / 32, kStages = SS::kStages;
-  constexpr uint32_t kRowBytes = kNumVec * 16;
-  using V = AlignedVector<T, kVec>;
-  using WV = AlignedVector<W, kVec>;
-  using Out = typename sgljit::RawBytes<kVec>::type;
-  __shared__ float red[2 * kRedSlots];
-  constexpr bool kHoldY = SS::kHoldY;
-  __shared__ float4 held[kHoldY ? kVPT * kVec / 4 : 1][kHoldY ? kBlock : 1];
-  __shared__ alignas(128) V stage[kStages][kNumVec];
-  __shared__ uint64_t bar[kStages];
-  const int lane = threadIdx.x;
-  auto col = [lane](int j) { return (j * kTPR + lane) * kVec; };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) sgljit::mbarrier_init(&bar[s], 1);
-    sgljit::mbarrier_fence_init();
-  }
-  __syncthreads();
-  sgljit::pdl_wait();
-  sgljit::pdl_launch_dependents();
-  auto issue = [&](int s, int64_t row) {
-    if (row < a.rows) {
-      sgljit::mbarrier_expect_tx(&bar[s], kRowBytes);
-      sgljit::bulk_copy_g2s(stage[s], a.in + row * a.in_stride, kRowBytes, &bar[s], sgljit::l2_evict_first());
-    }
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) issue(s, blockIdx.x + int64_t(s) * gridDim.x);
-  }
-  WV w[kVPT];
-#pragma unroll
-  for (int j = 0; j < kVPT; ++j) w[j].load(a.weight + col(j));
-  float static_scale = 0.0f;
-  if constexpr (!kDynamic) static_scale = __ldg(a.scale);
-
-  int parity = 0, k = 0;
-  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x, ++k) {
-    const int st = k % kStages;
-    sgljit::mbarrier_wait(&bar[st], (k / kStages) & 1);
-    V x[kVPT];
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) x[j] = stage[st][j * kTPR + lane];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float f = sgljit::float_at(x[j], e);
-        ss += f * f;
-      }
-    }
-    ss = group_sum<kTPR>(ss, red + parity * kRedSlots);  // a barrier: every thread has read stage st
-    parity ^= 1;
-    if (threadIdx.x == 0) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      issue(st, row + int64_t(kStages) * gridDim.x);
-    }
-    const float inv_rms = rsqrtf(ss / static_cast<float>(kH) + a.eps);
-    auto norm_y = [&](int j, int e) { return sgljit::float_at(x[j], e) * inv_rms * sgljit::float_at(w[j], e); };
-    float s = static_scale;
-    if constexpr (kDynamic) {
-      float absmax = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kVPT; ++j) {
-        float yv[kVec];
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          yv[e] = norm_y(j, e);
-          absmax = sgljit::max_abs(absmax, yv[e]);
-        }
-        if constexpr (kHoldY) put_y(held, j, yv);
-      }
-      const uint32_t m = group_max<kTPR>(__float_as_uint(absmax), red + parity * kRedSlots);
-      parity ^= 1;
-      s = sgljit::scale_from_absmax(m, Fp8<Q>::kMax);
-      if (lane == 0) a.scales[row] = s;
-    }
-    const Divider div(s);
-    uint8_t* out = a.out + row * a.out_stride;
-    constexpr int kExact = kDynamic ? sgljit::kMarksteinBounded : sgljit::kMarkstein;
-    const bool fast = Divider::fast(s);
-    const sgljit::Bracket bracket(div);
-#pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      float yv[kHoldY ? kVec : 1];
-      if constexpr (kHoldY) get_y(held, j, yv);
-      auto y = [&](int e) {
-        if constexpr (kHoldY) return yv[e];
-        else return norm_y(j, e);
-      };
-      uint16_t codes[kVec / 2];
-      if (fast) {
-        uint32_t differ = 0;
-#pragma unroll
-        for (int e = 0; e < kVec; e += 2) {
-          const float y0 = y(e), y1 = y(e + 1);
-          codes[e / 2] = sgljit::to_fp8x2<Q>(y0 * bracket.lo, y1 * bracket.lo);
-          differ |= codes[e / 2] ^ sgljit::to_fp8x2<Q>(y0 * bracket.hi, y1 * bracket.hi);
-        }
-        if (differ) exact_codes<Q, kExact>(codes, div, y);
-      } else {
-        exact_codes<Q, sgljit::kDivide>(codes, div, y);
-      }
-      Out raw;
-      memcpy(&raw, codes, sizeof(raw));
-      sgljit::store_raw<false>(out + col(j), raw);
-    }
-  }
-}
-#endif
-
 // ------------------------------------------------------------------------------------------------
 // Generic path: any width, any alignment
 // ------------------------------------------------------------------------------------------------
@@ -530,16 +395,6 @@ void launch(const NormQuantArgs<T, W>& a, DLDevice device, const char* name) {
   using Shape = RowShape<T, kH, kTarget, W>;
   if constexpr (kH > 0 && Shape::kValid) {
     if (fast_layout<T, W, kFused>(a)) {
-#ifdef NQ_AB_STAGED
-      if constexpr (!kFused && StagedShape<T, W, Q, kH, kTarget, kDynamic>::kOk) {
-        constexpr auto staged = norm_quant_staged_kernel<T, W, Q, kH, kTarget, kDynamic>;
-        const int64_t full = int64_t{sgljit::num_sms(device.device_id)} *
-                             sgljit::resident_blocks<staged>(device.device_id, Shape::kBlock);
-        const int grid = static_cast<int>(std::min<int64_t>(a.rows, full));
-        sgljit::LaunchKernel(staged, grid, Shape::kBlock, 0, device, name).pdl()(a);
-        return;
-      }
-#endif
       constexpr auto kernel = norm_quant_kernel<T, W, Q, kH, kTarget, kFused, kDynamic>;
       const int64_t groups = div_ceil<int64_t>(a.rows, Shape::kBlock / Shape::kThreads);
       const int grid = static_cast<int>(std::min<int64_t>(groups, 0x7fffffff));
