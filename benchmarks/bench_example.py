@@ -5,7 +5,8 @@
 
 Op ``add``: ``out = a + b``. The subject is torch's destination-passing
 ``torch.add(a, b, out=out)`` (as sgljit ops are); ``torch.compile`` of ``a + b`` and a provider that
-is never installed (to show how a missing provider is reported) are the others.
+is never installed (to show how a missing provider is reported) are the others; the subject's own
+call is the copy floor (it moves the op's bytes and does nothing else).
 """
 
 import sys
@@ -32,6 +33,8 @@ def make_case(tokens: int, hidden: int, dtype: torch.dtype) -> Case:
 
 
 def add_out(i):
+    """torch.add(a, b, out=out): one kernel that reads a and b and writes out, nothing else (the op
+    is its own copy floor)."""
     torch.add(i["a"], i["b"], out=i["out"])
 
 
@@ -59,6 +62,7 @@ def ops() -> list[Op]:
                 Provider("not-installed", load_missing),
             ],
             subject="torch (out=)",
+            floor=add_out,
         )
     ]
 

@@ -31,6 +31,7 @@ from harness import (
     Case,
     Op,
     Provider,
+    narrowing_copy,
     nbytes,
     run_family,
     standard_providers,
@@ -125,6 +126,12 @@ def torch_gemma_rmsnorm(i):
     return _rms(i["x"], i["w"], EPS, offset=1.0)
 
 
+def rmsnorm_floor(i):
+    """torch.mul(x, 1, out=out): x read, out written (the weight, one row, left out)."""
+    # not out.copy_(x): in a CUDA graph a copy goes through the copy engine, slower than a kernel
+    torch.mul(i["x"], 1, out=i["out"])
+
+
 def load_liger_rmsnorm():
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
@@ -169,6 +176,14 @@ def load_sgljit_fused():
 def torch_fused(i):
     total = i["x"] + i["r"]
     return _rms(total, i["w"], EPS), total
+
+
+def fused_add_floor(i):
+    """x and r read and written in place, one Triton kernel over flat blocks (benchmarks/floors.py;
+    the weight left out)."""
+    from floors import fused_add
+
+    fused_add(i["x"], i["r"])
 
 
 def load_liger_fused():
@@ -221,6 +236,13 @@ def load_sgljit_qknorm_across_heads():
 
 def torch_qknorm(i):
     return _rms(i["q"], i["qw"], EPS), _rms(i["k"], i["kw"], EPS)
+
+
+def qknorm_floor(i):
+    """q.mul_(1), k.mul_(1): the q and k views read and written in place (the weights left out).
+    Two kernels, so at small T two launches are in it: it matters where the bytes dominate."""
+    i["q"].mul_(1)
+    i["k"].mul_(1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -326,6 +348,20 @@ def torch_quant(fused: bool, dynamic: bool):
     return fn
 
 
+def quant_floor(i):
+    """x (bf16) read, out (fp8) written: harness.narrowing_copy, one kernel (the weight and scales
+    left out)."""
+    narrowing_copy(i["x"], i["out"])
+
+
+def fused_add_quant_floor(i):
+    """x and r (bf16) read, r and out (fp8) written: one Triton kernel over flat blocks
+    (benchmarks/floors.py; the weight and scales left out)."""
+    from floors import fused_add_narrow
+
+    fused_add_narrow(i["x"], i["r"], i["out"])
+
+
 def quant_ops(hiddens, tokens) -> list[Op]:
     out = []
     for fused in (False, True):
@@ -342,6 +378,7 @@ def quant_ops(hiddens, tokens) -> list[Op]:
                         ),
                         Provider("sgljit-unfused", load_sgljit_unfused(fused, dynamic)),
                     ],
+                    floor=fused_add_quant_floor if fused else quant_floor,
                 )
             )
     return out
@@ -379,6 +416,7 @@ def ops(grid: str = "default") -> list[Op]:
                 *standard_providers(load_sgljit_rmsnorm, torch_rmsnorm, load_liger_rmsnorm),
                 sglang_jit.provider(lambda: sglang_jit.load_rmsnorm(EPS)),
             ],
+            floor=rmsnorm_floor,
         ),
         Op(
             "fused_add_rmsnorm",
@@ -387,6 +425,7 @@ def ops(grid: str = "default") -> list[Op]:
                 *standard_providers(load_sgljit_fused, torch_fused, load_liger_fused),
                 sglang_jit.provider(lambda: sglang_jit.load_fused_add_rmsnorm(EPS)),
             ],
+            floor=fused_add_floor,
         ),
         Op(
             "gemma_rmsnorm",
@@ -397,6 +436,7 @@ def ops(grid: str = "default") -> list[Op]:
                 ),
                 sglang_jit.provider(lambda: sglang_jit.load_gemma_rmsnorm(EPS)),
             ],
+            floor=rmsnorm_floor,
         ),
         Op(
             "qknorm",
@@ -405,6 +445,7 @@ def ops(grid: str = "default") -> list[Op]:
                 *standard_providers(load_sgljit_qknorm, torch_qknorm),
                 sglang_jit.provider(lambda: sglang_jit.load_qknorm(EPS)),
             ],
+            floor=qknorm_floor,
         ),
         Op(
             "qknorm_across_heads",
@@ -414,6 +455,7 @@ def ops(grid: str = "default") -> list[Op]:
                 # sglang's needs q and k of one width, contiguous: fails on this GQA qkv layout
                 sglang_jit.provider(lambda: sglang_jit.load_qknorm_across_heads(EPS)),
             ],
+            floor=qknorm_floor,
         ),
         *quant,
     ]

@@ -8,7 +8,8 @@ Timing: one CUDA graph calls the op once on each of K copies of the inputs (K co
 more than twice the L2 cache, so no case is timed from cache); ``triton.testing.do_bench_cudagraph``
 replays it and we take the median, divided by K. Warm-up (JIT builds, torch.compile, autotuning)
 runs on every copy before anything is timed. Without triton the same is done with CUDA events and
-``torch.cuda.CUDAGraph``.
+``torch.cuda.CUDAGraph``. An op's floor (``Op.floor``: kernels that only move its bytes) is timed
+the same way, as the ``copy floor`` row (``--no-floor``: not timed).
 
 ``python3 benchmarks/harness.py`` measures only the streaming ceiling and writes ceiling.md.
 """
@@ -41,6 +42,13 @@ SGLJIT = "sgljit"
 EAGER = "torch"
 COMPILE = "torch.compile"
 LIGER = "liger"
+FLOOR = "copy floor"  # the row of an op's floor (Op.floor): timed like a provider, never a peer
+# The acceptance rule: the subject at this fraction of the best peer's speed or more matches it (a
+# 2% margin for timing noise).
+MATCH_RATIO = 0.98
+# A peer this close to the floor's time (relative) moves the bytes as fast as a kernel that does
+# nothing else, within the same margin: a cell the subject cannot win by more than noise.
+AT_FLOOR_TOLERANCE = 0.02
 
 Inputs = dict[str, Any]
 GRIDS = ("default", "models", "quick")
@@ -102,10 +110,17 @@ class Provider:
 
 @dataclass
 class Op:
+    """One op: its cases and providers; ``subject``'s speed-up over the best other one is reported.
+
+    ``floor(inputs)``: reads the op's inputs and writes its outputs (the bytes ``Case.bytes``
+    counts) and does nothing else; timed as the ``copy floor`` row, a reference and not a peer.
+    """
+
     name: str
     cases: list[Case]
     providers: list[Provider]
-    subject: str = SGLJIT  # the provider whose speed-up over the best other one is reported
+    subject: str = SGLJIT
+    floor: Callable[[Inputs], Any] | None = None
 
 
 def fixed(fn: Callable[[Inputs], Any], name: str, prepare=None) -> Provider:
@@ -147,6 +162,16 @@ def standard_providers(
 def nbytes(*tensors: torch.Tensor | None) -> int:
     """Sum of numel * element size (None is skipped)."""
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def narrowing_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Reads contiguous ``src`` and writes contiguous ``dst`` of half its bytes (bf16 -> fp8) in
+    one elementwise kernel that does nothing else: a floor for conversions to a type half as wide."""
+    # 2-byte views (dst's words = the sum of src's two halves): torch's kernel then moves 16 bytes
+    # a load, as for the ceiling's bf16, where 1-byte elements would move 8
+    out = dst.view(-1).view(torch.int16)
+    words = src.view(-1).view(torch.int16)
+    torch.add(words[: out.numel()], words[out.numel() :], out=out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,11 +413,19 @@ def _tensor_bytes(inputs: Inputs, shared_with: Inputs | None = None) -> int:
     return total
 
 
-def _load_providers(op: Op, only: set[str] | None) -> dict[str, Callable | str]:
+def _timed_providers(op: Op, args: argparse.Namespace) -> list[Provider]:
+    """The providers --providers keeps, then the op's floor unless --no-floor (--providers does not
+    drop it: it is what the peers' times are read against)."""
+    only = set(args.providers.split(",")) if args.providers else None
+    out = [p for p in op.providers if not only or p.name in only]
+    if op.floor is not None and not args.no_floor:
+        out.append(fixed(op.floor, FLOOR))
+    return out
+
+
+def _load_providers(providers: list[Provider]) -> dict[str, Callable | str]:
     loaded: dict[str, Callable | str] = {}
-    for p in op.providers:
-        if only and p.name not in only:
-            continue
+    for p in providers:
         try:
             loaded[p.name] = p.load()
         except Exception as e:
@@ -401,8 +434,8 @@ def _load_providers(op: Op, only: set[str] | None) -> dict[str, Callable | str]:
 
 
 def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
-    only = set(args.providers.split(",")) if args.providers else None
-    loaded = _load_providers(op, only)
+    providers = _timed_providers(op, args)
+    loaded = _load_providers(providers)
     res = OpResult(op)
     cases = op.cases
     if args.tokens:
@@ -435,9 +468,7 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
         copies += [case.make_inputs(device) for _ in range(k - len(copies))]
         second = None
         cr = CaseResult(case, nb, k)
-        for p in op.providers:
-            if p.name not in loaded:
-                continue
+        for p in providers:
             fn = loaded[p.name]
             if isinstance(fn, str):
                 cr.cells[p.name] = Cell(p.name, error=fn)
@@ -451,6 +482,8 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
                         print(f"    {p.name} kernels: {kernel_times(fn, pc)}", flush=True)
                     except Exception as e:  # a diagnostic: never fails the case
                         print(f"    {p.name} kernels: failed: {_short(e)}", flush=True)
+            except ImportError as e:  # what the call imports is not installed (Triton on the CPU)
+                cr.cells[p.name] = Cell(p.name, error="missing: " + _short(e))
             except Exception as e:
                 if args.verbose:
                     traceback.print_exc()
@@ -511,6 +544,13 @@ def _gbps(nb: int, us: float) -> float:
     return nb / (us * 1e-6) / 1e9
 
 
+def _peer_at_floor(subject_us: float, best_us: float, floor: Cell | None) -> bool:
+    """The subject is short of matching the best peer, and that peer is at the copy floor."""
+    if floor is None or floor.us is None:
+        return False
+    return best_us / subject_us < MATCH_RATIO and best_us <= floor.us * (1 + AT_FLOOR_TOLERANCE)
+
+
 def op_table(res: OpResult, ceiling: float | None) -> str:
     subject = res.op.subject
     lines = [
@@ -519,8 +559,10 @@ def op_table(res: OpResult, ceiling: float | None) -> str:
     ]
     for cr in res.cases:
         subj = cr.cells.get(subject)
-        others = [c for c in cr.cells.values() if c.provider != subject and c.us is not None]
-        best = min(others, key=lambda c: c.us) if others else None
+        peers = [
+            c for c in cr.cells.values() if c.provider not in (subject, FLOOR) and c.us is not None
+        ]
+        best = min(peers, key=lambda c: c.us) if peers else None
         first = True
         for cell in cr.cells.values():
             name_ = f"{cr.case.series}, {cr.case.label}" if cr.case.series else cr.case.label
@@ -533,6 +575,8 @@ def op_table(res: OpResult, ceiling: float | None) -> str:
             pct = f"{100 * gb / ceiling:.0f}%" if ceiling else "–"
             if cell.provider == subject:
                 sp = f"**{best.us / cell.us:.2f}×** vs {best.provider}" if best else "–"
+                if best and _peer_at_floor(cell.us, best.us, cr.cells.get(FLOOR)):
+                    sp += " (peer at the copy floor)"
             elif subj is not None and subj.us is not None:
                 sp = f"{cell.us / subj.us:.2f}×"
             else:
@@ -542,7 +586,13 @@ def op_table(res: OpResult, ceiling: float | None) -> str:
     return "\n".join(lines)
 
 
-def header(family: str, machine: str, ceiling: tuple[float, str] | None, dry_run: bool) -> str:
+def header(
+    family: str,
+    machine: str,
+    ceiling: tuple[float, str] | None,
+    dry_run: bool,
+    copy_floor: bool = False,
+) -> str:
     v = versions()
     vtxt = ", ".join(f"{k} {val}" for k, val in v.items())
     out = [f"# {family} — {machine}", ""]
@@ -568,6 +618,12 @@ def header(family: str, machine: str, ceiling: tuple[float, str] | None, dry_run
         "- speed-up: best other provider's time ÷ the subject's (subject row); "
         "other rows: their time ÷ the subject's",
     ]
+    if copy_floor:
+        out.append(
+            f"- {FLOOR}: kernels that only move the op's bytes (described under the op); not a "
+            f"provider, never the best other one; a subject below {MATCH_RATIO}× whose best peer "
+            f'is within {AT_FLOOR_TOLERANCE:.0%} of the floor reads "(peer at the copy floor)"'
+        )
     return "\n".join(out)
 
 
@@ -608,7 +664,10 @@ def plot_family(path: Path, family: str, results: list[OpResult], ceiling: float
                 ax.plot([], [], label=f"{p} ({err.split(':')[0]})")
                 continue
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, marker="o", label=label, linewidth=2.5 if p == subject else 1.5)
+            if p == FLOOR:
+                ax.plot(xs, ys, color="grey", linestyle="--", linewidth=1.5, label=label)
+            else:
+                ax.plot(xs, ys, marker="o", label=label, linewidth=2.5 if p == subject else 1.5)
         if ceiling:
             ax.axhline(
                 ceiling,
@@ -669,6 +728,11 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         "--dry-run",
         action="store_true",
         help="no GPU needed: call every provider on the two smallest cases on the CPU",
+    )
+    ap.add_argument(
+        "--no-floor",
+        action="store_true",
+        help=f"do not time the ops' floors (the '{FLOOR}' row: a kernel that only moves the bytes)",
     )
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
     return ap.parse_args(argv)
@@ -750,10 +814,14 @@ def run_family(
             ceiling = streaming_ceiling()
         print(f"streaming ceiling: {ceiling[0]:.0f} GB/s ({ceiling[1]})", flush=True)
     results = [run_op(op, args, device) for op in ops]
-    head = header(family, machine, ceiling, args.dry_run)
+    timed_floor = not args.no_floor and any(op.floor is not None for op in ops)
+    head = header(family, machine, ceiling, args.dry_run, copy_floor=timed_floor)
     body = [head]
     for r in results:
-        body += ["", f"## {r.op.name}", "", op_table(r, ceiling[0] if ceiling else None)]
+        body += ["", f"## {r.op.name}", ""]
+        if timed_floor and r.op.floor is not None and r.op.floor.__doc__:
+            body += [f"{FLOOR}: {' '.join(r.op.floor.__doc__.split())}", ""]
+        body.append(op_table(r, ceiling[0] if ceiling else None))
     text = "\n".join(body) + "\n"
     write = not args.no_write and (not args.dry_run or args.out)
     if write:

@@ -9,7 +9,8 @@ benchmarks; tensors of 128 MB and more, so nothing is served from L2):
 - 1 read + 1 write (rmsnorm's traffic): ``torch.mul(x, 1, out=y)``, and a Triton kernel copying one
   row per program (the shape of a row-wise norm);
 - 2 reads + 2 writes in place (the fused add's traffic: ``r = x + r; x = f(r)``): Triton kernels,
-  one row per program, and flat over 1024/2048-element blocks;
+  one row per program, and flat over 1024/2048-element blocks (benchmarks/floors.py's, the copy
+  floor of fused_add_rmsnorm in bench_norm.py);
 - 2 reads + 1 write: ``torch.add(x, r, out=y)``.
 
 Needs a CUDA GPU and Triton.
@@ -26,6 +27,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floors import add_in_place_flat
 from harness import bench_cudagraph_ms, command_line, now_utc, streaming_ceiling
 
 
@@ -43,14 +45,6 @@ def _add_in_place_rows(x, res, N: tl.constexpr):
     s = tl.load(x + r * N + o) + tl.load(res + r * N + o)
     tl.store(res + r * N + o, s)
     tl.store(x + r * N + o, s * 2)
-
-
-@triton.jit
-def _add_in_place_flat(x, res, BLOCK: tl.constexpr):
-    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    s = tl.load(x + o) + tl.load(res + o)
-    tl.store(res + o, s)
-    tl.store(x + o, s * 2)
 
 
 def _row(kernel: str, traffic: str, shape: str, us: float, nbytes: int) -> str:
@@ -81,7 +75,11 @@ def measure(tokens: int, hidden: int, rep_ms: float) -> list[str]:
             _row(f"Triton, a row per program, {warps} warps", "2R + 2W in place", shape, us, 4 * n)
         )
     for block in (1024, 2048):
-        us = time(lambda b=block: _add_in_place_flat[(x.numel() // b,)](x, r, BLOCK=b, num_warps=4))
+        us = time(
+            lambda b=block: add_in_place_flat[(triton.cdiv(x.numel(), b),)](
+                x, r, x.numel(), BLOCK=b, num_warps=4
+            )
+        )
         rows.append(
             _row(f"Triton, flat, {block}-element blocks", "2R + 2W in place", shape, us, 4 * n)
         )

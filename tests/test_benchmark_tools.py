@@ -1,7 +1,9 @@
 """The benchmark harness's machine-readable output and the A/B driver (benchmarks/ab.py), on the CPU
 (--dry-run): what GPU sessions rely on to compare kernel variants."""
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,8 @@ def test_json_names_every_case_of_every_series(tmp_path):
     keys = {(c["op"], c["case"], c["provider"]) for c in cells}
     assert len(keys) == len(cells)
     assert all(c["case"].startswith("H=") for c in cells), cells
+    floors = [c for c in cells if c["provider"] == harness.FLOOR]
+    assert floors and all(c["us"] is not None for c in floors), cells
 
 
 def test_ab_variant_parsing():
@@ -81,6 +85,13 @@ def test_ab_tables_each_variant(tmp_path):
     assert "| op | case | base | other |" in table
     rows = [line for line in table.splitlines() if line.startswith("| add |")]
     assert len(rows) >= 2 and all("failed" not in r for r in rows), table
+
+
+def test_ab_times_the_provider_alone_without_the_floor():
+    # ab.py keeps one time per (op, case): a floor cell would be taken for the provider's
+    cmd = ab.bench_command("example", ["--tokens", "1"], "sgljit")
+    args = harness.parse_args(cmd[2:], "example")
+    assert args.providers == "sgljit" and args.no_floor
 
 
 def test_ab_fails_loudly_when_nothing_is_timed():
@@ -176,6 +187,63 @@ def test_bench_norm_runs_the_rmsnorm_quant_ops_dry():
         assert f"## {name}" in proc.stdout
     assert proc.stdout.count("| sgljit-unfused |") == len(QUANT_OPS), proc.stdout
     assert "failed" not in proc.stdout, proc.stdout
+
+
+def floor_table(subject_us: float, peer_us: float, floor_us: float | None) -> str:
+    """op_table of one case: the subject, a peer "torch" and the copy floor (or its error)."""
+    case = harness.Case("T=1", 1, lambda device: {}, 1000)
+    result = harness.CaseResult(case, 1000, 1)
+    result.cells = {
+        "sgljit": harness.Cell("sgljit", us=subject_us),
+        "torch": harness.Cell("torch", us=peer_us),
+        harness.FLOOR: harness.Cell(
+            harness.FLOOR, us=floor_us, error=None if floor_us else "missing: triton"
+        ),
+    }
+    return harness.op_table(harness.OpResult(harness.Op("op", [case], []), [result]), None)
+
+
+@pytest.mark.parametrize(
+    ("subject_us", "peer_us", "floor_us", "noted"),
+    [
+        (10.0, 9.0, 9.0, True),  # subject 0.90x, the peer at the floor
+        (10.0, 9.0, 8.9, True),  # the peer within 2% of the floor
+        (10.0, 9.0, 9.5, True),  # the peer faster than the floor
+        (10.0, 9.0, 8.5, False),  # the peer 6% slower than the floor: sgljit can gain
+        (10.0, 9.9, 9.9, False),  # subject 0.99x: it matches the peer
+        (10.0, 9.0, None, False),  # no floor time
+    ],
+)
+def test_table_notes_a_peer_at_the_copy_floor(subject_us, peer_us, floor_us, noted):
+    table = floor_table(subject_us, peer_us, floor_us)
+    subject_row = next(line for line in table.splitlines() if "| **sgljit** |" in line)
+    # the floor is a row, never the peer the subject is compared with
+    assert f"vs torch{' (peer at the copy floor)' if noted else ''} |" in subject_row, table
+    floor_row = next(line for line in table.splitlines() if f"| {harness.FLOOR} |" in line)
+    if floor_us:
+        assert floor_row.endswith(f"| {floor_us / subject_us:.2f}× |"), table
+
+
+def test_the_floor_is_never_the_best_peer():
+    table = floor_table(10.0, 12.0, 5.0)
+    assert "**1.20×** vs torch |" in table, table
+
+
+def test_bench_norm_times_the_copy_floor_unless_no_floor():
+    args = ["--dry-run", "--no-write", "--ops", "rmsnorm,fused_add_rmsnorm", "--tokens", "1"]
+    args += ["--series", "H=4096", "--providers", "torch"]  # --providers keeps the floor
+    proc = run_tool("bench_norm.py", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(f"|  | {harness.FLOOR} |")]
+    assert len(rows) == 2, proc.stdout
+    assert re.match(rf"\|  \| {harness.FLOOR} \| [0-9.]+ \|", rows[0]), rows  # torch.mul: timed
+    if importlib.util.find_spec("triton") is None:  # fused_add's Triton floor: missing, not fatal
+        assert "| missing: ModuleNotFoundError: No module named 'triton' |" in rows[1], rows
+    assert "copy floor: torch.mul(x, 1, out=out)" in proc.stdout, proc.stdout
+
+    proc = run_tool("bench_norm.py", *args, "--no-floor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| torch |" in proc.stdout and harness.FLOOR not in proc.stdout, proc.stdout
 
 
 # Cases per op of each family's --grid default: the shapes the committed result tables were made with

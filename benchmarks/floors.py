@@ -1,0 +1,57 @@
+"""Triton kernels that only move an op's bytes, for traffic torch has no one-kernel expression of:
+the copy floors of the benchmarks (``Op.floor``) and benchmarks/traffic_ceilings.py.
+
+Needs Triton (GPU machines): bench scripts import this inside their floor functions, so that on
+the CPU the floor's cell reads "missing" and the rest of the run goes on.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# 1024-element blocks of 4 warps: the fastest 2R + 2W kernel of results/nvidia-h200/
+# traffic_ceilings.md (4138-4190 GB/s; 2048-element blocks 4100-4170, a row per program 3924-3981)
+BLOCK = 1024
+WARPS = 4
+
+
+# 2 reads + 2 writes in place over flat blocks: res = x + res; x = 2 * res
+@triton.jit
+def add_in_place_flat(x, res, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    s = tl.load(x + o, mask=m) + tl.load(res + o, mask=m)
+    tl.store(res + o, s, mask=m)
+    tl.store(x + o, s * 2, mask=m)
+
+
+# reads x and res (2-byte elements), writes res and out (1-byte elements) over flat blocks
+@triton.jit
+def _add_in_place_and_narrow_flat(x, res, out, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    s = tl.load(x + o, mask=m) + tl.load(res + o, mask=m)
+    tl.store(res + o, s, mask=m)
+    tl.store(out + o, s.to(tl.int8), mask=m)
+
+
+def fused_add(x: torch.Tensor, res: torch.Tensor) -> None:
+    """x and res (contiguous, one shape) read and written in place: fused_add_rmsnorm's traffic."""
+    n = x.numel()
+    add_in_place_flat[(triton.cdiv(n, BLOCK),)](x, res, n, BLOCK=BLOCK, num_warps=WARPS)
+
+
+def fused_add_narrow(x: torch.Tensor, res: torch.Tensor, out: torch.Tensor) -> None:
+    """x and res (bf16) read, res and out (fp8, one shape with them) written, all contiguous: the
+    traffic of fused_add_rmsnorm_quant_fp8. Integer views: the floor moves bytes, no fp8 math."""
+    n = x.numel()
+    _add_in_place_and_narrow_flat[(triton.cdiv(n, BLOCK),)](
+        x.view(torch.int16),
+        res.view(torch.int16),
+        out.view(torch.int8),
+        n,
+        BLOCK=BLOCK,
+        num_warps=WARPS,
+    )
