@@ -758,8 +758,11 @@ def kernel_times(fn: Callable[[Inputs], Any], copies: list[Inputs], calls: int =
     return "; ".join(parts) or "none recorded"
 
 
-def cells_json(family: str, results: Sequence[OpResult]) -> list[dict[str, Any]]:
-    """One record per (op, case, provider): its median µs (None when it failed) and error."""
+def cells_json(
+    family: str, results: Sequence[OpResult], ceiling_gbps: float | None = None, l2: int = 0
+) -> list[dict[str, Any]]:
+    """One record per (op, case, provider): its median µs (None when it failed) and error, the
+    bytes a call moves, and the run's streaming ceiling and L2 size (benchmarks/verdict.py)."""
     return [
         {
             "family": family,
@@ -769,6 +772,9 @@ def cells_json(family: str, results: Sequence[OpResult]) -> list[dict[str, Any]]
             "provider": cell.provider,
             "us": cell.us,
             "error": cell.error,
+            "bytes": cr.bytes,
+            "ceiling_gbps": ceiling_gbps,
+            "l2_bytes": l2,
         }
         for r in results
         for cr in r.cases
@@ -838,7 +844,8 @@ def run_family(
     else:
         print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(cells_json(family, results), indent=1) + "\n")
+        cells = cells_json(family, results, ceiling[0] if ceiling else None, l2_bytes())
+        Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
     bad = [
         f"{r.op.name} {cr.case.label}: {cr.cells[r.op.subject].error}"
         for r in results

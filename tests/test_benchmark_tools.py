@@ -16,6 +16,7 @@ sys.path.insert(0, str(BENCH))
 
 import ab  # noqa: E402
 import harness  # noqa: E402
+import verdict  # noqa: E402
 
 
 def run_tool(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -47,6 +48,8 @@ def test_json_names_every_case_of_every_series(tmp_path):
     assert all(c["case"].startswith("H=") for c in cells), cells
     floors = [c for c in cells if c["provider"] == harness.FLOOR]
     assert floors and all(c["us"] is not None for c in floors), cells
+    # what benchmarks/verdict.py needs of every cell
+    assert all(c["bytes"] > 0 and c["l2_bytes"] > 0 and "ceiling_gbps" in c for c in cells)
 
 
 def test_ab_variant_parsing():
@@ -277,3 +280,93 @@ def test_family_grids_have_the_same_ops_and_quick_is_part_of_models(family):
         models = {(c.series, c.tokens) for c in grids["models"][name].cases}
         assert {(c.series, c.tokens) for c in op.cases} <= models, name
         assert 0 < len(op.cases) < len(models), name
+
+
+def _cell(case, provider, us, nbytes=10**6, ceiling=4000.0, l2=50 * 10**6, op="rmsnorm"):
+    return {
+        "family": "norm",
+        "op": op,
+        "case": case,
+        "tokens": 1,
+        "provider": provider,
+        "us": us,
+        "error": None if us else "failed: x",
+        "bytes": nbytes,
+        "ceiling_gbps": ceiling,
+        "l2_bytes": l2,
+    }
+
+
+def _verdicts(*runs):
+    return {v.case: v for v in verdict.collect(list(runs))}
+
+
+def test_verdict_applies_the_acceptance_rule_cell_by_cell():
+    floor = harness.FLOOR
+    run1 = [
+        *[_cell("win", p, us) for p, us in (("sgljit", 1.0), ("liger", 1.1), (floor, 0.5))],
+        *[_cell("tie", p, us) for p, us in (("sgljit", 1.0), ("torch", 0.99))],
+        *[_cell("behind", p, us) for p, us in (("sgljit", 1.0), ("torch.compile", 0.9))],
+        # the peer is within 2% of the floor: a cell sgljit cannot win by more than noise
+        *[_cell("floor", p, us) for p, us in (("sgljit", 1.0), ("liger", 0.9), (floor, 0.89))],
+        # sgljit's own variant and the floor are not peers: only torch counts
+        *[
+            _cell("own", p, us)
+            for p, us in (("sgljit", 1.0), ("sgljit-unfused", 0.5), (floor, 0.4), ("torch", 2.0))
+        ],
+        # no peer timed: not judged
+        *[_cell("alone", p, us) for p, us in (("sgljit", 1.0), ("torch", None))],
+    ]
+    v = _verdicts(run1)
+    assert "alone" not in v
+    assert {k: x.status for k, x in v.items()} == {
+        "win": "win",
+        "tie": "tie, one run",
+        "behind": "behind",
+        "floor": "behind, peer at the copy floor",
+        "own": "win",
+    }
+    assert v["own"].worst.peer == "torch"
+    assert {x.case for x in verdict.failing(list(v.values()))} == {"tie", "behind"}
+
+    # a second run: the tie holds on two runs; the worst run decides a cell
+    run2 = [
+        *[_cell("tie", p, us) for p, us in (("sgljit", 1.0), ("torch", 0.985))],
+        *[_cell("win", p, us) for p, us in (("sgljit", 1.0), ("liger", 0.97))],
+    ]
+    v = _verdicts(run1, run2)
+    assert v["tie"].status == "tie"
+    assert v["win"].status == "behind" and v["win"].worst.ratio == pytest.approx(0.97)
+
+
+def test_verdict_holds_large_calls_to_the_ceiling_share():
+    big, small = 200 * 10**6, 10**6  # 4x and 1/50 of the 50 MB L2
+    # 200 MB in 52.6 µs at a 4000 GB/s ceiling: 95.1%; in 53.2 µs: 94.0%
+    run = [
+        *[_cell("fast", p, us, nbytes=big) for p, us in (("sgljit", 52.6), ("torch", 60.0))],
+        *[_cell("slow", p, us, nbytes=big) for p, us in (("sgljit", 53.2), ("torch", 60.0))],
+        # at 50% of the ceiling but within the L2's reach: no share required
+        *[_cell("small", p, us, nbytes=small) for p, us in (("sgljit", 0.5), ("torch", 0.6))],
+    ]
+    v = _verdicts(run)
+    assert not v["fast"].below_ceiling and v["slow"].below_ceiling and not v["small"].below_ceiling
+    assert [x.case for x in verdict.failing(list(v.values()))] == ["slow"]
+
+
+def test_verdict_reports_and_exits_by_the_rule(tmp_path):
+    ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
+    ok.write_text(json.dumps([_cell("a", "sgljit", 1.0), _cell("a", "torch", 1.5)]))
+    bad.write_text(
+        json.dumps([_cell("b", p, us, op="qknorm") for p, us in (("sgljit", 1), ("liger", 0.8))])
+    )
+    out = tmp_path / "verdict.md"
+    proc = run_tool("verdict.py", str(ok), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| norm | rmsnorm | 1 | 1 |" in out.read_text()
+    proc = run_tool("verdict.py", str(ok), str(bad))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "| norm | qknorm | b | behind | 1.00 | liger | 0.80 | 0.800 |" in proc.stdout
+    assert "| norm | rmsnorm | 1 | 1 |" in proc.stdout
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    assert run_tool("verdict.py", str(empty)).returncode == 2
