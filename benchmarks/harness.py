@@ -540,15 +540,20 @@ def _fmt_us(us: float | None) -> str:
     return f"{us:.0f}"
 
 
-def _gbps(nb: int, us: float) -> float:
+def gbps(nb: int, us: float) -> float:
     return nb / (us * 1e-6) / 1e9
 
 
-def _peer_at_floor(subject_us: float, best_us: float, floor: Cell | None) -> bool:
+def peer_at_floor(peer_us: float, floor_us: float | None) -> bool:
+    """The peer moves the bytes as fast as the copy floor (within AT_FLOOR_TOLERANCE), or faster."""
+    return floor_us is not None and peer_us <= floor_us * (1 + AT_FLOOR_TOLERANCE)
+
+
+def _short_of_peer_at_floor(subject_us: float, best_us: float, floor: Cell | None) -> bool:
     """The subject is short of matching the best peer, and that peer is at the copy floor."""
-    if floor is None or floor.us is None:
-        return False
-    return best_us / subject_us < MATCH_RATIO and best_us <= floor.us * (1 + AT_FLOOR_TOLERANCE)
+    return best_us / subject_us < MATCH_RATIO and peer_at_floor(
+        best_us, floor.us if floor else None
+    )
 
 
 def op_table(res: OpResult, ceiling: float | None) -> str:
@@ -571,11 +576,11 @@ def op_table(res: OpResult, ceiling: float | None) -> str:
             if cell.us is None:
                 lines.append(f"| {label} | {cell.provider} | {cell.error} | | | |")
                 continue
-            gb = _gbps(cr.bytes, cell.us) if cr.bytes else 0.0
+            gb = gbps(cr.bytes, cell.us) if cr.bytes else 0.0
             pct = f"{100 * gb / ceiling:.0f}%" if ceiling else "–"
             if cell.provider == subject:
                 sp = f"**{best.us / cell.us:.2f}×** vs {best.provider}" if best else "–"
-                if best and _peer_at_floor(cell.us, best.us, cr.cells.get(FLOOR)):
+                if best and _short_of_peer_at_floor(cell.us, best.us, cr.cells.get(FLOOR)):
                     sp += " (peer at the copy floor)"
             elif subj is not None and subj.us is not None:
                 sp = f"{cell.us / subj.us:.2f}×"
@@ -654,7 +659,7 @@ def plot_family(path: Path, family: str, results: list[OpResult], ceiling: float
             providers += [p for p in cr.cells if p not in providers]
         for p in providers:
             pts = [
-                (cr.case.tokens, _gbps(cr.bytes, cr.cells[p].us))
+                (cr.case.tokens, gbps(cr.bytes, cr.cells[p].us))
                 for cr in crs
                 if p in cr.cells and cr.cells[p].us is not None and cr.bytes
             ]

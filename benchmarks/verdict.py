@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import AT_FLOOR_TOLERANCE, FLOOR, MATCH_RATIO, SGLJIT
+from harness import AT_FLOOR_TOLERANCE, FLOOR, MATCH_RATIO, SGLJIT, gbps, peer_at_floor
 
 # Share of the streaming ceiling a call moving more than 2x the L2 must reach (issue 25's target).
 CEILING_SHARE = 0.95
@@ -47,16 +47,14 @@ class RunCell:
 
     @property
     def peer_at_floor(self) -> bool:
-        return self.floor_us is not None and self.peer_us <= self.floor_us * (
-            1 + AT_FLOOR_TOLERANCE
-        )
+        return peer_at_floor(self.peer_us, self.floor_us)
 
     @property
     def ceiling_share(self) -> float | None:
         """sgljit's share of the ceiling where the call moves more than 2x the L2, else None."""
         if not self.ceiling_gbps or not self.l2_bytes or self.bytes <= 2 * self.l2_bytes:
             return None
-        return self.bytes / (self.subject_us * 1e3) / self.ceiling_gbps
+        return gbps(self.bytes, self.subject_us) / self.ceiling_gbps
 
 
 @dataclass
