@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,3 +43,14 @@ BACKENDS = [
 def needs_gpu(test):
     """Decorator: a test that only runs on a CUDA GPU."""
     return pytest.mark.gpu(pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")(test))
+
+
+def run_wide_dir(tmp_path_factory, name: str) -> Path:
+    """A temporary folder that every pytest-xdist worker of this run shares (each worker's base
+    folder is a sibling under the run's), so a module cache there compiles each module once."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

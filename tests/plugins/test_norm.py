@@ -21,7 +21,7 @@ import torch
 import sgljit
 from sgljit_norm import ops, reference
 
-from .common import BACKENDS, HAS_CUDA, SYCL_MISSING
+from .common import BACKENDS, HAS_CUDA, SYCL_MISSING, run_wide_dir
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -107,6 +107,9 @@ ROUND_CASES = {  # round_before_weight
     "sycl": [(BF16, 1024), (FP16, 100)],
     "cuda": [(BF16, 4096), (FP16, 1024), (BF16, 100)],
 }
+# (rows, width) of bf16 rows past NormConfig::kManyRows in csrc/norm.cuh: 2048 and 2560 take
+# rmsnorm's many-rows row groups, 3584 the regular ones, 4096 both ops' many-rows groups.
+MANY_ROWS_CASES = ((70001, 1024), (16390, 2048), (16385, 2560), (16411, 3584), (16411, 4096))
 BATCHED_CASES = {  # [B, S, H] slices of bigger buffers
     "reference": [(BF16, 64)],
     "sycl": [(BF16, 1024), (FP16, 100)],
@@ -120,8 +123,8 @@ BATCHED_CASES = {  # [B, S, H] slices of bigger buffers
 
 @pytest.fixture(scope="session")
 def norm_cache(tmp_path_factory):
-    """One module cache for the whole session: modules compile once and are shared by the tests."""
-    path = os.environ.get("SGLJIT_CACHE_DIR") or str(tmp_path_factory.mktemp("norm-cache"))
+    """One module cache for the whole run, shared by the xdist workers: modules compile once."""
+    path = os.environ.get("SGLJIT_CACHE_DIR") or str(run_wide_dir(tmp_path_factory, "norm-cache"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SGLJIT_CACHE_DIR", path)
         yield path
@@ -139,6 +142,7 @@ def _cuda_specs() -> list[dict]:
         return dict(op="rmsnorm", dtype=dt, weight=weight or dt, width=w(dt, h), round=round)
 
     cases = ROW_CASES["cuda"] + GEMMA_CASES["cuda"] + BATCHED_CASES["cuda"]
+    cases += [(BF16, width) for _, width in MANY_ROWS_CASES]
     specs = [rows(dt, h) for dt, h in cases]
     specs += [rows(dt, h, weight=FP32) for dt, h in MIXED_CASES["cuda"]]
     specs += [rows(dt, h, round=True) for dt, h in ROUND_CASES["cuda"]]
@@ -159,29 +163,34 @@ def _cuda_specs() -> list[dict]:
     return list(unique.values())
 
 
-_BUILD = "import json, sys; from sgljit_norm import ops; ops.family.prebuild('cuda', **json.loads(sys.argv[1]))"
+_BUILD = (
+    "import json, sys\nfrom sgljit_norm import ops\n"
+    "for spec in json.loads(sys.argv[1]): ops.family.prebuild('cuda', **spec)"
+)
 
 
-def _build_one(spec: dict) -> None:
+def _build(specs: list[dict]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", _BUILD, json.dumps(spec)], capture_output=True, text=True
+        [sys.executable, "-c", _BUILD, json.dumps(specs)], capture_output=True, text=True
     )
-    assert proc.returncode == 0, f"building {spec} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, f"building {specs} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
 def _prebuild_parallel(specs: list[dict]) -> None:
-    """Compile modules in parallel processes (builds inside one process are serialized); the
-    session's cache then serves them to this process without compiling. Under pytest-xdist every
-    worker runs this (the cache's locks build each module once), so the cores are shared out."""
+    """Compile modules in parallel processes (builds inside one process are serialized), each
+    process a share of the list, so an interpreter starts (and imports torch) once a share, not
+    once a module; the cache then serves them to this process without compiling. Under
+    pytest-xdist every worker runs this over the run's one cache (norm_cache), whose locks build
+    each module once, so the cores are shared out."""
     sharing = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     # Each worker starts at its own share of the list: workers that all started at the first spec
-    # would wait on each other's locks, leaving the build as parallel as one worker's threads.
+    # would wait on each other's locks, leaving the build as parallel as one worker's processes.
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     start = worker * len(specs) // max(1, sharing)
     specs = specs[start:] + specs[:start]
     workers = max(1, min(len(specs), (os.cpu_count() or 2) // sharing))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for fut in [pool.submit(_build_one, s) for s in specs]:
+        for fut in [pool.submit(_build, specs[i::workers]) for i in range(workers)]:
             fut.result()
 
 
@@ -909,12 +918,10 @@ def test_cuda_many_rows(backend_env_cuda):
     out = _poison(x.shape, BF16, "cuda")
     ops.rmsnorm(x, w8, out=out)
     _close(out, _oracle(x, w8, 1e-6), BF16, "rmsnorm 300007x8")
-    # 16411x4096: from 16384 rows of 4096 rmsnorm and the fused add take their many-rows row
-    # groups (NormConfig::kManyRows in csrc/norm.cuh).
-    for rows, width, seed in ((70001, 1024, 20), (16411, 4096, 23)):
-        w = _randn((width,), BF16, "cuda", seed)
-        a = _randn((rows, width), BF16, "cuda", seed + 1)
-        r = _randn((rows, width), BF16, "cuda", seed + 2)
+    for seed, (rows, width) in enumerate(MANY_ROWS_CASES, start=20):
+        w = _randn((width,), BF16, "cuda", 3 * seed)
+        a = _randn((rows, width), BF16, "cuda", 3 * seed + 1)
+        r = _randn((rows, width), BF16, "cuda", 3 * seed + 2)
         out = _poison((rows, width), BF16, "cuda")
         ops.rmsnorm(a, w, out=out)
         _close(out, _oracle(a, w, 1e-6), BF16, f"rmsnorm {rows}x{width}")
@@ -961,10 +968,8 @@ def test_cuda_row_regimes(backend_env_cuda):
 
 
 @pytest.fixture
-def backend_env_cuda(norm_cache):
-    if not HAS_CUDA:
-        pytest.skip("needs a CUDA GPU")
-    _prebuild_parallel(_cuda_specs())
+def backend_env_cuda(cuda_modules):
+    """GPU-only tests: the run's cache, every module they use built once (cuda_modules)."""
 
 
 @pytest.mark.gpu
