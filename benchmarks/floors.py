@@ -37,6 +37,23 @@ def _add_in_place_and_narrow_flat(x, res, out, n, BLOCK: tl.constexpr):
     tl.store(out + o, s.to(tl.int8), mask=m)
 
 
+# rows of unit stride (any row stride) read and written in place: a program per (row, block of columns)
+@triton.jit
+def _rows_in_place(x, row_stride, width, BLOCK: tl.constexpr):
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < width
+    p = x + tl.program_id(0).to(tl.int64) * row_stride + c
+    tl.store(p, tl.load(p, mask=m), mask=m)
+
+
+def rows_in_place(x: torch.Tensor) -> None:
+    """x [rows, width] (unit column stride, any row stride) read and written in place: the traffic
+    of an in-place op on strided rows (qknorm's q and k views into one qkv buffer)."""
+    assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
+    grid = (x.shape[0], triton.cdiv(x.shape[1], BLOCK))
+    _rows_in_place[grid](x, x.stride(0), x.shape[1], BLOCK=BLOCK, num_warps=WARPS)
+
+
 def fused_add(x: torch.Tensor, res: torch.Tensor) -> None:
     """x and res (contiguous, one shape) read and written in place: fused_add_rmsnorm's traffic."""
     n = x.numel()

@@ -545,8 +545,9 @@ def gbps(nb: int, us: float) -> float:
 
 
 def peer_at_floor(peer_us: float, floor_us: float | None) -> bool:
-    """The peer moves the bytes as fast as the copy floor (within AT_FLOOR_TOLERANCE), or faster."""
-    return floor_us is not None and peer_us <= floor_us * (1 + AT_FLOOR_TOLERANCE)
+    """The peer moves the bytes as fast as the copy floor, within AT_FLOOR_TOLERANCE either way (a
+    peer further ahead shows the floor kernel is no floor for that case)."""
+    return floor_us is not None and abs(peer_us / floor_us - 1) <= AT_FLOOR_TOLERANCE
 
 
 def _short_of_peer_at_floor(subject_us: float, best_us: float, floor: Cell | None) -> bool:

@@ -211,7 +211,8 @@ def floor_table(subject_us: float, peer_us: float, floor_us: float | None) -> st
     [
         (10.0, 9.0, 9.0, True),  # subject 0.90x, the peer at the floor
         (10.0, 9.0, 8.9, True),  # the peer within 2% of the floor
-        (10.0, 9.0, 9.5, True),  # the peer faster than the floor
+        (10.0, 9.0, 9.15, True),  # the peer within 2% faster than the floor
+        (10.0, 9.0, 9.5, False),  # the peer 5% faster: that floor kernel is no floor there
         (10.0, 9.0, 8.5, False),  # the peer 6% slower than the floor: sgljit can gain
         (10.0, 9.9, 9.9, False),  # subject 0.99x: it matches the peer
         (10.0, 9.0, None, False),  # no floor time
