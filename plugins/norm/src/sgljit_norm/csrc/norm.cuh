@@ -493,16 +493,10 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
       constexpr int kManyThreadsPerSM =
           kFused ? NormConfig::kManyFusedThreadsPerSM : NormConfig::kManyPlainThreadsPerSM;
       constexpr int kNumVec = RowConfig<T, kHA, 1>::kNumVec;
-#ifndef NORM_AB_MANY
-#define NORM_AB_MANY 0
-#endif
-      constexpr bool kManyWidth =
-          NORM_AB_MANY == 3 ? (kFused ? kNumVec == 512 : (kNumVec > 128 && kNumVec <= 320) || kNumVec == 512)
-          : kFused          ? kNumVec > 256 && kNumVec <= 512
-                            : (NORM_AB_MANY ? kNumVec > 32 * NormConfig::kVecsPerThread : kNumVec == 512);
+      constexpr bool kManyWidth = kFused ? kNumVec > 256 && kNumVec <= 512 : kNumVec == 512;
       using Many = RowConfig<T, kHA, kVecTarget<kFused, true>, W>;
       if constexpr (kHB == 0 && kManyWidth && Many::kWeightInRegs) {
-        if (a.rows >= (NORM_AB_MANY == 2 ? 4096 : NormConfig::kManyRows)) {
+        if (a.rows >= NormConfig::kManyRows) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM>(
               a, b, has_b, eps, device, name);
           return;
