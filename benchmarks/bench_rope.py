@@ -309,13 +309,27 @@ def torch_qknorm_rope(i):
     )
 
 
+def rotated_rows(x: torch.Tensor, rot: int) -> torch.Tensor:
+    """x[..., :rot] of x [T, H, D] (heads contiguous in a token) as 2-D rows of unit column stride:
+    [T, H * D] rows of x's token stride when rot == D, else [T * H, rot] rows of stride D (x
+    contiguous)."""
+    t, h, d = x.shape
+    assert x.stride(2) == 1 and x.stride(1) == d, x.stride()
+    if rot == d:
+        return x.as_strided((t, h * d), (x.stride(0), 1))
+    assert x.is_contiguous(), "partial rotary floors take contiguous q and k"
+    return x.as_strided((t * h, rot), (d, 1))
+
+
 def rope_floor(i):
-    """q.mul_(1), k.mul_(1) on their rotated dims: q and k read and written in place, two kernels
-    (at small T their launches are in it); positions, cos/sin rows (1 / (q + k heads + 1) of the
-    bytes: up to 8% here) and qknorm_rope's weights left out."""
+    """q and k's rotated dims read and written in place: one Triton kernel each over their rows
+    (benchmarks/floors.py; at small T two launches are in it); positions, cos/sin rows (1 / (q + k
+    heads + 1) of the bytes: up to 8% here) and qknorm_rope's weights left out."""
+    from floors import rows_in_place
+
     rot = i["cache"].shape[1]
-    i["q"][..., :rot].mul_(1)
-    i["k"][..., :rot].mul_(1)
+    rows_in_place(rotated_rows(i["q"], rot))
+    rows_in_place(rotated_rows(i["k"], rot))
 
 
 def rope_kv_floor(i):

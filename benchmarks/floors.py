@@ -37,21 +37,27 @@ def _add_in_place_and_narrow_flat(x, res, out, n, BLOCK: tl.constexpr):
     tl.store(out + o, s.to(tl.int8), mask=m)
 
 
-# rows of unit stride (any row stride) read and written in place: a program per (row, block of columns)
+# rows of unit stride (any row stride) read and written in place: a program per tile of BLOCK
+# elements, rows x columns (narrow rows several a program, wide ones split into 1024 columns)
 @triton.jit
-def _rows_in_place(x, row_stride, width, BLOCK: tl.constexpr):
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = c < width
-    p = x + tl.program_id(0).to(tl.int64) * row_stride + c
+def _rows_in_place(x, rows, row_stride, width, ROWS: tl.constexpr, COLS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    m = (r[:, None] < rows) & (c[None, :] < width)
+    p = x + r[:, None].to(tl.int64) * row_stride + c[None, :]
     tl.store(p, tl.load(p, mask=m), mask=m)
 
 
 def rows_in_place(x: torch.Tensor) -> None:
     """x [rows, width] (unit column stride, any row stride) read and written in place: the traffic
-    of an in-place op on strided rows (qknorm's q and k views into one qkv buffer)."""
+    of an in-place op on strided rows (qknorm's q|k rows in one qkv buffer, rope's rotated dims)."""
     assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
-    grid = (x.shape[0], triton.cdiv(x.shape[1], BLOCK))
-    _rows_in_place[grid](x, x.stride(0), x.shape[1], BLOCK=BLOCK, num_warps=WARPS)
+    rows, width = x.shape
+    cols = min(BLOCK, triton.next_power_of_2(width))
+    grid = (triton.cdiv(rows, BLOCK // cols), triton.cdiv(width, cols))
+    _rows_in_place[grid](
+        x, rows, x.stride(0), width, ROWS=BLOCK // cols, COLS=cols, num_warps=WARPS
+    )
 
 
 def fused_add(x: torch.Tensor, res: torch.Tensor) -> None:
