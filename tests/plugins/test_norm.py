@@ -107,8 +107,8 @@ ROUND_CASES = {  # round_before_weight
     "sycl": [(BF16, 1024), (FP16, 100)],
     "cuda": [(BF16, 4096), (FP16, 1024), (BF16, 100)],
 }
-# (rows, width) of bf16 rows past NormConfig::kManyRows in csrc/norm.cuh: 2048 and 2560 take
-# rmsnorm's many-rows row groups, 3584 the regular ones, 4096 both ops' many-rows groups.
+# (rows, width) of bf16 rows past NormConfig::kManyRows in csrc/norm.cuh: widths on both sides of
+# the rule that picks the many-rows row groups there (rows of 256, 320, 448 and 512 vectors).
 MANY_ROWS_CASES = ((70001, 1024), (16390, 2048), (16385, 2560), (16411, 3584), (16411, 4096))
 BATCHED_CASES = {  # [B, S, H] slices of bigger buffers
     "reference": [(BF16, 64)],
