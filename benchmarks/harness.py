@@ -715,6 +715,11 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
     ap.add_argument(
         "--series", help="only cases whose series contains one of these (comma separated)"
     )
+    ap.add_argument(
+        "--cases",
+        help="only the cases a JSON list of {family, op, case} records names (benchmarks/"
+        "verdict.py --rerun writes one: the cells a second machine start must time)",
+    )
     ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
     ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")
     ap.add_argument("--max-copy-gib", type=float, default=16.0, help="cap on memory of copies")
@@ -764,6 +769,11 @@ def kernel_times(fn: Callable[[Inputs], Any], copies: list[Inputs], calls: int =
     return "; ".join(parts) or "none recorded"
 
 
+def case_key(case: Case) -> str:
+    """A case's name in --json records and --cases lists: "<series>, <label>" (or the label)."""
+    return f"{case.series}, {case.label}" if case.series else case.label
+
+
 def cells_json(
     family: str, results: Sequence[OpResult], ceiling_gbps: float | None = None, l2: int = 0
 ) -> list[dict[str, Any]]:
@@ -773,7 +783,7 @@ def cells_json(
         {
             "family": family,
             "op": r.op.name,
-            "case": f"{cr.case.series}, {cr.case.label}" if cr.case.series else cr.case.label,
+            "case": case_key(cr.case),
             "tokens": cr.case.tokens,
             "provider": cell.provider,
             "us": cell.us,
@@ -803,6 +813,15 @@ def run_family(
         wanted_series = args.series.split(",")
         for op in ops:
             op.cases = [c for c in op.cases if any(w in c.series for w in wanted_series)]
+    if args.cases:
+        listed = {
+            (r["op"], r["case"])
+            for r in json.loads(Path(args.cases).read_text())
+            if r["family"] == family
+        }
+        for op in ops:
+            op.cases = [c for c in op.cases if (op.name, case_key(c)) in listed]
+        ops = [op for op in ops if op.cases]
     if args.ops:
         wanted = set(args.ops.split(","))
         unknown = wanted - {op.name for op in ops}

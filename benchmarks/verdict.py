@@ -4,6 +4,10 @@
     python3 benchmarks/bench_norm.py --grid models --series H=4096 --json b.json   # machine start 2
     python3 benchmarks/verdict.py a.json b.json --out verdict.md
 
+A second machine start need only time the cells the first did not settle (``--rerun`` lists them,
+a bench's ``--cases`` takes the list): ``verdict.py a.json --rerun r.json``, then ``bench_norm.py
+--grid models --cases r.json --json b.json``, then ``verdict.py a.json b.json``.
+
 The rule, per (family, op, case): sgljit against the best peer (every provider but sgljit's own
 variants and the copy floor) is a win at ≥ 1.00×, a tie at ≥ ``harness.MATCH_RATIO`` only if every
 run holds it, behind otherwise — unless the peer is at the copy floor (within
@@ -172,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="JSON files written by a family bench's --json")
     ap.add_argument("--out", help="also write the report to this markdown file")
+    ap.add_argument(
+        "--rerun",
+        help="also write the cells not accepted yet (a tie seen on one run, behind, below the "
+        "ceiling share) to this JSON file: a bench's --cases times only those",
+    )
     args = ap.parse_args(argv)
     verdicts = collect([json.loads(Path(p).read_text()) for p in args.runs])
     if not verdicts:
@@ -182,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(text)
     bad = failing(verdicts)
+    if args.rerun:
+        records = [{"family": v.family, "op": v.op, "case": v.case} for v in bad]
+        Path(args.rerun).write_text(json.dumps(records, indent=1) + "\n")
     print(f"verdict: {len(verdicts)} cells, {len(bad)} not accepted")
     return 1 if bad else 0
 

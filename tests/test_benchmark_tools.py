@@ -371,3 +371,40 @@ def test_verdict_reports_and_exits_by_the_rule(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     assert run_tool("verdict.py", str(empty)).returncode == 2
+
+
+def test_a_second_run_times_only_the_cells_the_first_left_unsettled(tmp_path):
+    # verdict.py --rerun lists the cells not accepted yet ...
+    first = tmp_path / "first.json"
+    first.write_text(
+        json.dumps(
+            [
+                *[_cell("won", p, us) for p, us in (("sgljit", 1.0), ("torch", 1.5))],
+                *[_cell("tied", p, us) for p, us in (("sgljit", 1.0), ("torch", 0.99))],
+            ]
+        )
+    )
+    rerun = tmp_path / "rerun.json"
+    proc = run_tool("verdict.py", str(first), "--rerun", str(rerun))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert json.loads(rerun.read_text()) == [{"family": "norm", "op": "rmsnorm", "case": "tied"}]
+
+    # ... and a bench's --cases times exactly the listed cases of its family
+    every = tmp_path / "every.json"
+    proc = run_tool("bench_example.py", "--dry-run", "--no-write", "--json", str(every))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = json.loads(every.read_text())
+    keys = sorted({(c["op"], c["case"]) for c in cells})
+    assert len(keys) >= 2, keys
+    op, case = keys[-1]
+    listed = [
+        {"family": "example", "op": op, "case": case},
+        {"family": "norm", "op": op, "case": "x"},
+    ]
+    rerun.write_text(json.dumps(listed))
+    second = tmp_path / "second.json"
+    proc = run_tool(
+        "bench_example.py", "--dry-run", "--no-write", "--cases", str(rerun), "--json", str(second)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {(c["op"], c["case"]) for c in json.loads(second.read_text())} == {(op, case)}
