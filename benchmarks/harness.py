@@ -5,7 +5,8 @@ providers) and hands them to :func:`run_family`; see benchmarks/README.md. Run a
 ``python3 benchmarks/bench_<family>.py`` (this folder is then on ``sys.path``).
 
 Timing: one CUDA graph calls the op once on each of K copies of the inputs (K copies together move
-more than twice the L2 cache, so no case is timed from cache); ``triton.testing.do_bench_cudagraph``
+more than twice the L2 cache, so no case is timed from cache; outputs an op allocates are kept until
+the K calls are done, so they take K buffers too); ``triton.testing.do_bench_cudagraph``
 replays it and we take the median, divided by K. Warm-up (JIT builds, torch.compile, autotuning)
 runs on every copy before anything is timed. Without triton the same is done with CUDA events and
 ``torch.cuda.CUDAGraph``. An op's floor (``Op.floor``: kernels that only move its bytes) is timed
@@ -312,12 +313,19 @@ def timer_name() -> str:
         return "torch.cuda.CUDAGraph + CUDA events (median; triton missing)"
 
 
+def call_each(fn: Callable[[Inputs], Any], copies: Sequence[Inputs]) -> list[Any]:
+    """fn on each copy in turn, every result kept until the last call: outputs an op allocates take
+    K distinct buffers, as its inputs do. Dropped at once they would be recycled by the allocator (in
+    a graph too), and the next call would write into lines still in the L2, a cache hit that
+    destination-passing ops (writing into each copy's own output) never get."""
+    return [fn(c) for c in copies]
+
+
 def time_rotated(fn: Callable[[Inputs], Any], copies: Sequence[Inputs], rep_ms: float) -> float:
     """µs per call: warm up on every copy, then time one graph that calls fn on each copy once."""
 
     def run_all():
-        for c in copies:
-            fn(c)
+        call_each(fn, copies)
 
     run_all()  # warm-up: JIT builds, torch.compile, autotuning, allocator
     run_all()

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -408,3 +409,19 @@ def test_a_second_run_times_only_the_cells_the_first_left_unsettled(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {(c["op"], c["case"]) for c in json.loads(second.read_text())} == {(op, case)}
+
+
+def test_outputs_an_op_allocates_take_a_buffer_per_copy():
+    # dropped at once, an output's memory goes back to the allocator, which hands it to the next
+    # call (its lines still in the L2 on a GPU): out-of-place providers would be timed partly from
+    # cache. Every result must still be alive when the last call runs.
+    results, alive = [], []
+
+    def allocating(_inputs):
+        out = torch.empty(8)
+        results.append(weakref.ref(out))
+        alive.append(sum(r() is not None for r in results))
+        return out
+
+    harness.call_each(allocating, [{}] * 8)
+    assert alive == list(range(1, 9))
