@@ -190,6 +190,14 @@ def _raise_dynamo_limits() -> None:
             setattr(cfg, name, max(getattr(cfg, name), 1024))
 
 
+def _compile_counts() -> tuple[int, int]:
+    """torch.compile's FX graph cache (hits, misses) so far in this process."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
@@ -441,16 +449,77 @@ def _load_providers(providers: list[Provider]) -> dict[str, Callable | str]:
     return loaded
 
 
-def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
-    providers = _timed_providers(op, args)
-    loaded = _load_providers(providers)
-    res = OpResult(op)
+def _selected_cases(op: Op, args: argparse.Namespace) -> list[Case]:
+    """The op's cases this run times (--tokens; --dry-run: the smallest)."""
     cases = op.cases
     if args.tokens:
         want = {int(t) for t in args.tokens.split(",")}
         cases = [c for c in cases if c.tokens in want]
-    if args.dry_run:
-        cases = _dry_run_cases(cases)
+    return _dry_run_cases(cases) if args.dry_run else cases
+
+
+def _precompile_cases(factory, grid: str, op_name: str, keys: list[str], device: str) -> int:
+    """In a worker process: the op's torch.compile provider called once on each listed case's
+    inputs, which leaves its compiled graphs and kernels in the on-disk caches. Returns the count."""
+    # The bench script is this process's __mp_main__, registered before torch: pickle (Python
+    # 3.11) then names torch.contiguous_format "__mp_main__.torch.contiguous_format" in the cache
+    # key of every graph, and no key matched the run's. Listed last, torch's own modules come first.
+    main = sys.modules.pop("__mp_main__", None)
+    if main is not None:
+        sys.modules["__mp_main__"] = main
+    _raise_dynamo_limits()
+    op = next(o for o in factory(grid) if o.name == op_name)
+    provider = next(p for p in op.providers if p.name == COMPILE)
+    fn = provider.load()
+    wanted, done = set(keys), 0
+    for case in op.cases:
+        if case_key(case) in wanted:
+            inputs = case.make_inputs(torch.device(device))
+            fn(provider.prepare(inputs) if provider.prepare else inputs)
+            done += 1
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return done
+
+
+def precompile(factory, ops: list[Op], args: argparse.Namespace, device: torch.device) -> None:
+    """--precompile JOBS: compile the torch.compile provider's graphs for every case this run times
+    in JOBS processes first (one static graph a shape: about a second or two each, one at a time
+    in the run); the run's own compiles then load them from torch's on-disk caches."""
+    import concurrent.futures
+    import multiprocessing
+
+    jobs = args.precompile
+    work = []
+    for op in ops:
+        if any(p.name == COMPILE for p in _timed_providers(op, args)):
+            keys = [case_key(c) for c in _selected_cases(op, args)]
+            work += [(op.name, keys[i::jobs]) for i in range(jobs) if keys[i::jobs]]
+    if not work:
+        return
+    total = sum(len(k) for _, k in work)
+    print(f"{COMPILE}: compiling {total} case(s) in {jobs} processes ...", flush=True)
+    t0 = time.perf_counter()
+    done = 0
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        futures = [
+            pool.submit(_precompile_cases, factory, args.grid, name, keys, device.type)
+            for name, keys in work
+        ]
+        for fut in futures:
+            try:
+                done += fut.result()
+            except Exception as e:  # those cases compile when they are timed, as without it
+                print(f"    {COMPILE} precompile: {_short(e)}", flush=True)
+    print(f"    {done} of {total} in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
+    providers = _timed_providers(op, args)
+    loaded = _load_providers(providers)
+    res = OpResult(op)
+    cases = _selected_cases(op, args)
     l2 = l2_bytes()
     for case in cases:
         print(f"[{op.name}] {case.label} ...", flush=True)
@@ -728,6 +797,14 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         help="only the cases a JSON list of {family, op, case} records names (benchmarks/"
         "verdict.py --rerun writes one: the cells a second machine start must time)",
     )
+    ap.add_argument(
+        "--precompile",
+        type=int,
+        default=0,
+        metavar="JOBS",
+        help=f"first compile every case's {COMPILE} graph in JOBS processes (torch's on-disk "
+        "caches then serve the run's compiles); 0: each compiles when it is timed",
+    )
     ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
     ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")
     ap.add_argument("--max-copy-gib", type=float, default=16.0, help="cap on memory of copies")
@@ -816,6 +893,7 @@ def run_family(
     them. Returns an exit code: 0, or 1 if a subject provider is missing or failed on some case.
     Without a CUDA GPU (and without --dry-run) it prints a skip line and returns 0."""
     args = parse_args(argv, family)
+    factory = ops
     ops = list(ops(args.grid) if callable(ops) else ops)
     if args.series:
         wanted_series = args.series.split(",")
@@ -852,7 +930,13 @@ def run_family(
         else:
             ceiling = streaming_ceiling()
         print(f"streaming ceiling: {ceiling[0]:.0f} GB/s ({ceiling[1]})", flush=True)
+    if args.precompile and callable(factory):
+        precompile(factory, ops, args, device)
+    compiled = _compile_counts()
     results = [run_op(op, args, device) for op in ops]
+    if args.precompile:
+        hits, misses = (a - b for a, b in zip(_compile_counts(), compiled, strict=True))
+        print(f"{COMPILE}: {hits} of {hits + misses} graphs came from the cache")
     timed_floor = not args.no_floor and any(op.floor is not None for op in ops)
     head = header(family, machine, ceiling, args.dry_run, copy_floor=timed_floor)
     body = [head]

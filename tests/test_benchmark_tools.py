@@ -3,6 +3,7 @@
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,10 +21,14 @@ import harness  # noqa: E402
 import verdict  # noqa: E402
 
 
-def run_tool(script: str, *args: str) -> subprocess.CompletedProcess:
+def run_tool(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """benchmarks/<script> with args, from the benchmarks folder (as its docstrings show)."""
     return subprocess.run(
-        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, cwd=BENCH
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=BENCH,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -425,3 +430,16 @@ def test_outputs_an_op_allocates_take_a_buffer_per_copy():
 
     harness.call_each(allocating, [{}] * 8)
     assert alive == list(range(1, 9))
+
+
+def test_precompiled_graphs_serve_the_runs_compiles(tmp_path):
+    # --precompile compiles torch.compile's graphs in other processes first; the run's own
+    # compiles must then all come from torch's on-disk cache (a key that differs by process, as
+    # one did, leaves the run compiling everything again)
+    args = ["--dry-run", "--no-write", "--ops", "rmsnorm", "--series", "H=4096"]
+    args += ["--providers", "torch.compile", "--no-floor", "--precompile", "2"]
+    proc = run_tool("bench_norm.py", *args, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(r"torch.compile: (\d+) of (\d+) graphs came from the cache", proc.stdout)
+    assert found, proc.stdout
+    assert int(found[2]) >= 2 and found[1] == found[2], proc.stdout
