@@ -899,7 +899,14 @@ def run_family(
         wanted_series = args.series.split(",")
         for op in ops:
             op.cases = [c for c in op.cases if any(w in c.series for w in wanted_series)]
-    if args.cases:
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        unknown = wanted - {op.name for op in ops}
+        if unknown:
+            print(f"unknown op(s) {sorted(unknown)}; {family} has {[op.name for op in ops]}")
+            return 2
+        ops = [op for op in ops if op.name in wanted]
+    if args.cases:  # after --ops: an op the list leaves empty is dropped, not "unknown"
         listed = {
             (r["op"], r["case"])
             for r in json.loads(Path(args.cases).read_text())
@@ -908,13 +915,6 @@ def run_family(
         for op in ops:
             op.cases = [c for c in op.cases if (op.name, case_key(c)) in listed]
         ops = [op for op in ops if op.cases]
-    if args.ops:
-        wanted = set(args.ops.split(","))
-        unknown = wanted - {op.name for op in ops}
-        if unknown:
-            print(f"unknown op(s) {sorted(unknown)}; {family} has {[op.name for op in ops]}")
-            return 2
-        ops = [op for op in ops if op.name in wanted]
     if not args.dry_run and not torch.cuda.is_available():
         print(
             f"SKIP bench_{family}: needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -932,9 +932,9 @@ def run_family(
         print(f"streaming ceiling: {ceiling[0]:.0f} GB/s ({ceiling[1]})", flush=True)
     if args.precompile and callable(factory):
         precompile(factory, ops, args, device)
-    compiled = _compile_counts()
+    compiled = _compile_counts() if args.precompile else None  # imports dynamo: only when asked
     results = [run_op(op, args, device) for op in ops]
-    if args.precompile:
+    if compiled is not None:
         hits, misses = (a - b for a, b in zip(_compile_counts(), compiled, strict=True))
         print(f"{COMPILE}: {hits} of {hits + misses} graphs came from the cache")
     timed_floor = not args.no_floor and any(op.floor is not None for op in ops)
