@@ -831,7 +831,26 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         help=f"do not time the ops' floors (the '{FLOOR}' row: a kernel that only moves the bytes)",
     )
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.precompile < 0:
+        ap.error(f"--precompile: expected a number of processes >= 0, got {args.precompile}")
+    if args.cases:
+        args.cases = _case_list(ap, args.cases)
+    return args
+
+
+def _case_list(ap: argparse.ArgumentParser, path: str) -> list[dict[str, str]]:
+    """--cases' file: a JSON list of {family, op, case} records (verdict.py --rerun's)."""
+    try:
+        records = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"--cases: cannot read {path} as JSON: {e}")
+    keys = ("family", "op", "case")
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and all(isinstance(r.get(k), str) for k in keys) for r in records
+    ):
+        ap.error(f"--cases: {path} must hold a JSON list of {{family, op, case}} records")
+    return records
 
 
 def kernel_times(fn: Callable[[Inputs], Any], copies: list[Inputs], calls: int = 20) -> str:
@@ -907,11 +926,7 @@ def run_family(
             return 2
         ops = [op for op in ops if op.name in wanted]
     if args.cases:  # after --ops: an op the list leaves empty is dropped, not "unknown"
-        listed = {
-            (r["op"], r["case"])
-            for r in json.loads(Path(args.cases).read_text())
-            if r["family"] == family
-        }
+        listed = {(r["op"], r["case"]) for r in args.cases if r["family"] == family}
         for op in ops:
             op.cases = [c for c in op.cases if (op.name, case_key(c)) in listed]
         ops = [op for op in ops if op.cases]

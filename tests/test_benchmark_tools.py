@@ -443,3 +443,20 @@ def test_precompiled_graphs_serve_the_runs_compiles(tmp_path):
     found = re.search(r"torch.compile: (\d+) of (\d+) graphs came from the cache", proc.stdout)
     assert found, proc.stdout
     assert int(found[2]) >= 2 and found[1] == found[2], proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--precompile", "-1"], "--precompile: expected a number of processes >= 0"),
+        (["--cases", "missing.json"], "--cases: cannot read missing.json"),
+        (["--cases", "BAD"], "must hold a JSON list of {family, op, case} records"),
+    ],
+)
+def test_bad_run_options_name_themselves(tmp_path, args, says):
+    if "BAD" in args:
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps([{"family": "example", "op": "add"}]))
+        args = [str(bad) if a == "BAD" else a for a in args]
+    proc = run_tool("bench_example.py", "--dry-run", "--no-write", *args)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stdout + proc.stderr
