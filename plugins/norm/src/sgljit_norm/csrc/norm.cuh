@@ -20,8 +20,8 @@
 //  * rows of at most 32 vectors (qknorm's heads) are packed, 2 vectors of each of 2 rows a thread
 //    (RowConfig::kPacked), in grids of kPackMinBlocksPerSM+ blocks per SM or where packing makes the
 //    grid small enough to prefetch;
-//  * many rows (kManyRows) of 512 vectors (the fused add: 257-512) and rmsnorm's few rows (kFewRows) of
-//    a power-of-two number of vectors take their own row groups and register budgets (kMany*, kFew*).
+//  * many rows (kManyRows) of the widths NormConfig::many_rows_width names and rmsnorm's few rows
+//    (kFewRows) of a power-of-two number of vectors take their own row groups and register budgets.
 // One launch may serve two row sets (q and k) of different widths: blocks [0, grid_a) take set a.
 // Generic path (any H, any alignment): one block per row, scalar accesses, the row read twice (the
 // second time from L1/L2). Tuning constants: NormConfig; the evidence: benchmarks/NOTES.md.
@@ -67,8 +67,13 @@ struct NormConfig {
   // Packed rows of at most 32 vectors (qknorm's heads) from this many blocks per SM: below it (T <= 128
   // for 32/8 heads x 128) packing was 1.03-1.25x slower, above it 0.80-0.91x (ab-qknorm-pack.md).
   static constexpr int kPackMinBlocksPerSM = 4;
-  // From this many rows, rows of 512 vectors (the fused add: 257-512) take the kMany* row groups.
+  // From this many rows, rows of the many_rows_width widths take the kMany* row groups.
   static constexpr int kManyRows = 16384;
+  // Widths (16-byte vectors) where they win (ab-norm-many.md): rmsnorm 256, 320 and 512 (0.95-0.98x;
+  // 192, 288, 384-1088 even or up to 1.23x slower), the fused add 512 (at 448: 0.93x without them).
+  static constexpr bool many_rows_width(int vecs, bool fused) {
+    return vecs == 512 || (!fused && (vecs == 256 || vecs == 320));
+  }
   // ... the fused add there: 128 threads of 4 vectors per stream, 64 registers.
   static constexpr int kManyFusedVecs = 4;
   static constexpr int kManyFusedThreadsPerSM = 1024;
@@ -488,12 +493,11 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
   if constexpr (kHA > 0 && kBlockThreads<T, kHA, kHB, kVecTarget<kFused>> <= 1024) {
     if (fast) {
       constexpr int kThreadsPerSM = kHB > 0 ? NormConfig::kThreadsPerSM * 3 / 4 : NormConfig::kThreadsPerSM;
-      // Many rows of the widths the many-rows row groups are for: the fused add 257-512 vectors,
-      // rmsnorm 512.
+      // Many rows of the widths the many-rows row groups are for (NormConfig::many_rows_width).
       constexpr int kManyThreadsPerSM =
           kFused ? NormConfig::kManyFusedThreadsPerSM : NormConfig::kManyPlainThreadsPerSM;
       constexpr int kNumVec = RowConfig<T, kHA, 1>::kNumVec;
-      constexpr bool kManyWidth = kFused ? kNumVec > 256 && kNumVec <= 512 : kNumVec == 512;
+      constexpr bool kManyWidth = NormConfig::many_rows_width(kNumVec, kFused);
       using Many = RowConfig<T, kHA, kVecTarget<kFused, true>, W>;
       if constexpr (kHB == 0 && kManyWidth && Many::kWeightInRegs) {
         if (a.rows >= NormConfig::kManyRows) {
