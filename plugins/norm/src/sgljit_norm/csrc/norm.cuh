@@ -75,20 +75,11 @@ struct NormConfig {
     return vecs == 512 || (!fused && (vecs == 256 || vecs == 320));
   }
   // ... the fused add there: 128 threads of 4 vectors per stream, 64 registers.
-#ifndef NORM_AB_FUSED_VECS
-#define NORM_AB_FUSED_VECS 4
-#endif
-#ifndef NORM_AB_FUSED_TPSM
-#define NORM_AB_FUSED_TPSM 1024
-#endif
-#ifndef NORM_AB_PLAIN_TPSM
-#define NORM_AB_PLAIN_TPSM 1536
-#endif
-  static constexpr int kManyFusedVecs = NORM_AB_FUSED_VECS;
-  static constexpr int kManyFusedThreadsPerSM = NORM_AB_FUSED_TPSM;
+  static constexpr int kManyFusedVecs = 4;
+  static constexpr int kManyFusedThreadsPerSM = 1024;
   // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
   static constexpr int kManyPlainVecs = 2;
-  static constexpr int kManyPlainThreadsPerSM = NORM_AB_PLAIN_TPSM;
+  static constexpr int kManyPlainThreadsPerSM = 1536;
   // Below this many rows, rmsnorm's rows of 256-2048 vectors, a power of two (2048, 4096, 8192, 16384
   // 16-bit elements) take 2 vectors a thread at 32 registers, a full SM of threads: 0.84-0.99x at
   // 1-1024 rows, 1.00-1.02x at 4096; other widths spill there and lose (ab-norm-few-rows.md).
