@@ -74,9 +74,10 @@ struct NormConfig {
   static constexpr bool many_rows_width(int vecs, bool fused) {
     return vecs == 512 || (!fused && (vecs == 256 || vecs == 320));
   }
-  // ... the fused add there: 128 threads of 4 vectors per stream, 64 registers.
+  // ... the fused add there: 128 threads of 4 vectors per stream, 71 registers (at 1024 threads'
+  // 64 ptxas spills 12 bytes: 1.008x slower at 4096 x 16384-65536, ab-norm-many-budgets.md).
   static constexpr int kManyFusedVecs = 4;
-  static constexpr int kManyFusedThreadsPerSM = 1024;
+  static constexpr int kManyFusedThreadsPerSM = 896;
   // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
   static constexpr int kManyPlainVecs = 2;
   static constexpr int kManyPlainThreadsPerSM = 1536;
