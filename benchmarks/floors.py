@@ -7,9 +7,12 @@ the CPU the floor's cell reads "missing" and the rest of the run goes on.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from harness import Unavailable
 
 # 1024-element blocks of 4 warps: the fastest 2R + 2W kernel of results/nvidia-h200/
 # traffic_ceilings.md (4138-4190 GB/s; 2048-element blocks 4100-4170, a row per program 3924-3981)
@@ -48,10 +51,17 @@ def _rows_in_place(x, rows, row_stride, width, ROWS: tl.constexpr, COLS: tl.cons
     tl.store(p, tl.load(p, mask=m), mask=m)
 
 
+def _launchable(*tensors: torch.Tensor) -> None:
+    """Triton launches on GPU tensors, or on any under its interpreter (TRITON_INTERPRET=1)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not all(t.is_cuda for t in tensors):
+        raise Unavailable("the Triton floor needs GPU tensors (or TRITON_INTERPRET=1)")
+
+
 def rows_in_place(x: torch.Tensor) -> None:
     """x [rows, width] (unit column stride, any row stride) read and written in place: the traffic
     of an in-place op on strided rows (qknorm's q|k rows in one qkv buffer, rope's rotated dims)."""
     assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
+    _launchable(x)
     rows, width = x.shape
     cols = min(BLOCK, triton.next_power_of_2(width))
     grid = (triton.cdiv(rows, BLOCK // cols), triton.cdiv(width, cols))
@@ -62,6 +72,7 @@ def rows_in_place(x: torch.Tensor) -> None:
 
 def fused_add(x: torch.Tensor, res: torch.Tensor) -> None:
     """x and res (contiguous, one shape) read and written in place: fused_add_rmsnorm's traffic."""
+    _launchable(x, res)
     n = x.numel()
     add_in_place_flat[(triton.cdiv(n, BLOCK),)](x, res, n, BLOCK=BLOCK, num_warps=WARPS)
 
@@ -69,6 +80,7 @@ def fused_add(x: torch.Tensor, res: torch.Tensor) -> None:
 def fused_add_narrow(x: torch.Tensor, res: torch.Tensor, out: torch.Tensor) -> None:
     """x and res (bf16) read, res and out (fp8, one shape with them) written, all contiguous: the
     traffic of fused_add_rmsnorm_quant_fp8. Integer views: the floor moves bytes, no fp8 math."""
+    _launchable(x, res, out)
     n = x.numel()
     _add_in_place_and_narrow_flat[(triton.cdiv(n, BLOCK),)](
         x.view(torch.int16),

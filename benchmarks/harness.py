@@ -94,6 +94,11 @@ class Case:
         return int(self.bytes(inputs) if callable(self.bytes) else self.bytes)
 
 
+class Unavailable(Exception):
+    """Raised by a provider's or floor's call that cannot run here (a Triton kernel given CPU
+    tensors in a dry run): its cell reads "missing: <reason>", as for a package not installed."""
+
+
 @dataclass
 class Provider:
     """One implementation of an op.
@@ -559,7 +564,7 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
                         print(f"    {p.name} kernels: {kernel_times(fn, pc)}", flush=True)
                     except Exception as e:  # a diagnostic: never fails the case
                         print(f"    {p.name} kernels: failed: {_short(e)}", flush=True)
-            except ImportError as e:  # what the call imports is not installed (Triton on the CPU)
+            except (ImportError, Unavailable) as e:  # cannot run here (no Triton, no GPU)
                 cr.cells[p.name] = Cell(p.name, error="missing: " + _short(e))
             except Exception as e:
                 if args.verbose:

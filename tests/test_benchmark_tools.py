@@ -247,8 +247,11 @@ def test_bench_norm_times_the_copy_floor_unless_no_floor():
     rows = [line for line in proc.stdout.splitlines() if line.startswith(f"|  | {harness.FLOOR} |")]
     assert len(rows) == 2, proc.stdout
     assert re.match(rf"\|  \| {harness.FLOOR} \| [0-9.]+ \|", rows[0]), rows  # torch.mul: timed
-    if importlib.util.find_spec("triton") is None:  # fused_add's Triton floor: missing, not fatal
+    # fused_add's Triton floor on the CPU: missing, not fatal (and not "failed" where Triton is)
+    if importlib.util.find_spec("triton") is None:
         assert "| missing: ModuleNotFoundError: No module named 'triton' |" in rows[1], rows
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        assert "| missing: Unavailable: the Triton floor needs GPU tensors" in rows[1], rows
     assert "copy floor: torch.mul(x, 1, out=out)" in proc.stdout, proc.stdout
 
     proc = run_tool("bench_norm.py", *args, "--no-floor")
@@ -414,6 +417,25 @@ def test_a_second_run_times_only_the_cells_the_first_left_unsettled(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert {(c["op"], c["case"]) for c in json.loads(second.read_text())} == {(op, case)}
+
+
+def test_a_call_that_cannot_run_here_reads_missing_not_failed():
+    def needs_gpu(_inputs):
+        raise harness.Unavailable("needs GPU tensors")
+
+    def broken(_inputs):
+        raise ValueError("wrong")
+
+    case = harness.Case("T=1", 1, lambda device: {"x": torch.zeros(4, device=device)}, 16)
+    providers = [
+        harness.Provider("sgljit", lambda: broken),
+        harness.Provider("torch", lambda: needs_gpu),
+    ]
+    op = harness.Op("op", [case], providers)
+    args = harness.parse_args(["--dry-run", "--no-write"], "example")
+    cells = harness.run_op(op, args, torch.device("cpu")).cases[0].cells
+    assert cells["torch"].error == "missing: Unavailable: needs GPU tensors", cells
+    assert cells["sgljit"].error == "failed: ValueError: wrong", cells
 
 
 def test_outputs_an_op_allocates_take_a_buffer_per_copy():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -295,6 +296,9 @@ def test_header_edit_rebuilds(cache_dir, tmp_path):
     result = run_python(LOAD_IN_SUBPROCESS % (src, 10))
     assert result.returncode == 0, result.stderr
     assert "compiling add_one" in result.stderr
+    assert re.search(r"not reusing .*offset\.h changed since it was built", result.stderr), (
+        result.stderr
+    )
     assert len(published(cache_dir)) == 2
 
 

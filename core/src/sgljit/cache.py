@@ -523,6 +523,8 @@ def _load_or_build(spec: BuildSpec, key: str) -> Any:
                 stacklevel=4,
             )
             _discard(folder)
+        if found.mismatches:  # say why the builds there do not serve this one
+            logger.info("sgljit: %s: not reusing %s", spec.name, "; ".join(found.mismatches))
         return _build_and_publish(spec, key, group)
 
 
