@@ -136,24 +136,28 @@ def test_the_manifest_records_every_header_read_including_tvm_ffi(cache_dir, tmp
     assert not any(p.startswith("/usr/include") for p in deps)  # the toolchain's: its identity
 
 
-def test_an_edit_of_an_installed_tvm_ffi_header_rebuilds(cache_dir):
+def test_an_edit_of_an_installed_tvm_ffi_header_rebuilds(cache_dir, tmp_path):
     """tvm-ffi's headers are read through its own include path: an edit in place (a patched
-    install) rebuilds, and putting the file back finds the first build again."""
-    from sgljit.cuda import _tvm_ffi_roots
+    install) rebuilds, and putting the file back finds the first build again. The install edited
+    is a private copy: tests running alongside (pytest -n) load modules through the real one."""
+    import tvm_ffi
 
-    header = _tvm_ffi_roots()["tvm_ffi"] / "tvm" / "ffi" / "container" / "tensor.h"
-    if not os.access(header, os.W_OK):
-        pytest.skip(f"{header} is not writable here")
+    site = tmp_path / "site"
+    shutil.copytree(Path(tvm_ffi.__file__).parent, site / "tvm_ffi")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    roots = run_python(
+        "from sgljit.cuda import _tvm_ffi_roots; print(_tvm_ffi_roots()['tvm_ffi'])", env
+    )
+    assert roots.stdout.strip() == str((site / "tvm_ffi" / "include").resolve()), roots
+    header = site / "tvm_ffi" / "include" / "tvm" / "ffi" / "container" / "tensor.h"
     code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
-    assert "compiling add_one" in run_python(code).stderr
+    assert "compiling add_one" in run_python(code, env).stderr
     original = header.read_bytes()
-    try:
-        header.write_bytes(original + b"\n// edited in place by sgljit's tests\n")
-        edited = run_python(code)
-    finally:
-        header.write_bytes(original)
+    header.write_bytes(original + b"\n// edited in place by sgljit's tests\n")
+    edited = run_python(code, env)
+    header.write_bytes(original)
     assert edited.returncode == 0 and "compiling add_one" in edited.stderr, edited.stderr
-    restored = run_python(code)
+    restored = run_python(code, env)
     assert restored.returncode == 0 and "compiling" not in restored.stderr, restored.stderr
     assert len(published(cache_dir)) == 2
 
