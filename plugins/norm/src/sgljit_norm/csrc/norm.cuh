@@ -80,10 +80,7 @@ struct NormConfig {
   static constexpr int kManyFusedThreadsPerSM = 896;
   // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
   static constexpr int kManyPlainVecs = 2;
-#ifndef NORM_AB_PLAIN_TPSM
-#define NORM_AB_PLAIN_TPSM 1536
-#endif
-  static constexpr int kManyPlainThreadsPerSM = NORM_AB_PLAIN_TPSM;
+  static constexpr int kManyPlainThreadsPerSM = 1536;
   // Below this many rows, rmsnorm's rows of 256-2048 vectors, a power of two (2048, 4096, 8192, 16384
   // 16-bit elements) take 2 vectors a thread at 32 registers, a full SM of threads: 0.84-0.99x at
   // 1-1024 rows, 1.00-1.02x at 4096; other widths spill there and lose (ab-norm-few-rows.md).
@@ -215,11 +212,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
   constexpr int kVec = Cfg::kVec, kNumVec = Cfg::kNumVec, kTPR = Cfg::kThreads, kVPT = Cfg::kVecsPerThread;
   constexpr int kR = Cfg::kRows;
-#ifndef NORM_AB_WEIGHT_L1
-#define NORM_AB_WEIGHT_L1 0
-#endif
-  // NORM_AB_WEIGHT_L1: rmsnorm's 2-vector groups (many rows, few rows) read the weight from L1.
-  constexpr bool kWeightInRegs = Cfg::kWeightInRegs && !(NORM_AB_WEIGHT_L1 && !kFused && kTarget == 2);
+  constexpr bool kWeightInRegs = Cfg::kWeightInRegs;
   constexpr int kRowsPerBlock = Cfg::rows_per_block(kBlock);
   static_assert(kBlock % kTPR == 0, "a block holds whole row groups");
   static_assert(kR == 1 || kTPR <= 32, "row groups of several rows are (sub-)warps");
