@@ -142,7 +142,7 @@ def _cuda_specs() -> list[dict]:
         return dict(op="rmsnorm", dtype=dt, weight=weight or dt, width=w(dt, h), round=round)
 
     cases = ROW_CASES["cuda"] + GEMMA_CASES["cuda"] + BATCHED_CASES["cuda"]
-    cases += [(BF16, width) for _, width in MANY_ROWS_CASES]
+    cases += [(BF16, width) for _, width in MANY_ROWS_CASES] + [(FP32, 1024)]
     specs = [rows(dt, h) for dt, h in cases]
     specs += [rows(dt, h, weight=FP32) for dt, h in MIXED_CASES["cuda"]]
     specs += [rows(dt, h, round=True) for dt, h in ROUND_CASES["cuda"]]
@@ -929,12 +929,13 @@ def test_cuda_many_rows(backend_env_cuda):
         ops.fused_add_rmsnorm(a, r, w)
         torch.testing.assert_close(r.double(), total.double(), rtol=0, atol=0)
         _close(a, _oracle(total, w, 1e-6), BF16, f"fused_add_rmsnorm {rows}x{width}")
-    # float32 rows of 2048 are 512 vectors too: the same many-rows row groups.
-    w = _randn((2048,), FP32, "cuda", 26)
-    a = _randn((16390, 2048), FP32, "cuda", 27)
-    out = _poison(a.shape, FP32, "cuda")
-    ops.rmsnorm(a, w, out=out)
-    _close(out, _oracle(a, w, 1e-6), FP32, "rmsnorm 16390x2048 float32")
+    # float32 rows of 1024 and 2048 are 256 and 512 vectors: the same many-rows row groups.
+    for seed, width in enumerate((1024, 2048), start=26):
+        w = _randn((width,), FP32, "cuda", 2 * seed)
+        a = _randn((16390, width), FP32, "cuda", 2 * seed + 1)
+        out = _poison(a.shape, FP32, "cuda")
+        ops.rmsnorm(a, w, out=out)
+        _close(out, _oracle(a, w, 1e-6), FP32, f"rmsnorm 16390x{width} float32")
 
 
 @pytest.mark.gpu
