@@ -4,7 +4,8 @@
 #   bash benchmarks/h200.sh STEP [STEP ...]
 #
 # Run from the repository root. Wheels come from .whl/ (build the project's own with
-# benchmarks/build_wheels.sh .whl first; apache-tvm-ffi, ninja>=1.13 and liger-kernel wheels go there too).
+# benchmarks/build_wheels.sh .whl first; apache-tvm-ffi, ninja>=1.13 and liger-kernel wheels go there too;
+# hatchling and trove-classifiers for the tests that build plugin fixtures, diffusers for its integration).
 # Output goes to $OUT (default /tmp/sgljit-out):
 #   $OUT/h200.log         everything printed, step by step
 #   $OUT/results.tar.gz   benchmarks/results/** (extract at the repo root: tar xzf results.tar.gz)
