@@ -78,7 +78,8 @@ struct NormConfig {
   // 64 ptxas spills 12 bytes: 1.008x slower at 4096 x 16384-65536, ab-norm-many-budgets.md).
   static constexpr int kManyFusedVecs = 4;
   static constexpr int kManyFusedThreadsPerSM = 896;
-  // ... rmsnorm there: 256 threads of 2 vectors, 40 registers (6 rows in flight per SM).
+  // ... rmsnorm there: 2 vectors a thread, 40 registers (rows of 512 vectors: 256 threads, 6 rows in
+  // flight per SM; of 256 / 320: 128 / 160 threads, 12 / 9).
   static constexpr int kManyPlainVecs = 2;
   static constexpr int kManyPlainThreadsPerSM = 1536;
   // Below this many rows, rmsnorm's rows of 256-2048 vectors, a power of two (2048, 4096, 8192, 16384
