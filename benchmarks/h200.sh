@@ -18,6 +18,10 @@
 #   tests:EXPR       the same with -k EXPR
 #   pytest:ARGS      python3 -m pytest ARGS (split as the shell splits words, so quotes group them),
 #                    e.g. "pytest:tests/plugins/test_norm.py -k 'cuda or many_rows'"
+#                    The whole suite with -n 16 is about 12 minutes of one H200 host (compiles
+#                    dominate): split it over calls (tests/plugins after a prebuild; the rest), stop
+#                    each with `timeout -s INT` so pytest still reports, and pass --junitxml to learn
+#                    which tests a stopped run did not reach.
 #   ceiling          measure the streaming ceiling alone (benchmarks/harness.py)
 #   bench:FAMILY     python3 benchmarks/bench_FAMILY.py      (bench:FAMILY:ARGS passes ARGS, split on
 #                    spaces: 'bench:norm:--tokens 1,65536 --providers sgljit,liger')
