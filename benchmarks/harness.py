@@ -23,6 +23,7 @@ import datetime as _dt
 import gc
 import json
 import math
+import os
 import platform
 import re
 import shlex
@@ -30,7 +31,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,7 @@ class CaseResult:
 class OpResult:
     op: Op
     cases: list[CaseResult] = field(default_factory=list)
+    untimed: list[Case] = field(default_factory=list)  # --budget ran out before them
 
 
 def _short(e: BaseException, limit: int = 160) -> str:
@@ -487,7 +489,13 @@ def _precompile_cases(factory, grid: str, op_name: str, keys: list[str], device:
     return done
 
 
-def precompile(factory, ops: list[Op], args: argparse.Namespace, device: torch.device) -> None:
+def precompile(
+    factory,
+    ops: list[Op],
+    args: argparse.Namespace,
+    device: torch.device,
+    skip: Mapping[tuple[str, str], Any] | None = None,
+) -> None:
     """--precompile JOBS: compile the torch.compile provider's graphs for every case this run times
     in JOBS processes first (one static graph a shape: about a second or two each, one at a time
     in the run); the run's own compiles then load them from torch's on-disk caches."""
@@ -499,6 +507,7 @@ def precompile(factory, ops: list[Op], args: argparse.Namespace, device: torch.d
     for op in ops:
         if any(p.name == COMPILE for p in _timed_providers(op, args)):
             keys = [case_key(c) for c in _selected_cases(op, args)]
+            keys = [k for k in keys if (op.name, k) not in (skip or {})]  # --resume's
             work += [(op.name, keys[i::jobs]) for i in range(jobs) if keys[i::jobs]]
     if not work:
         return
@@ -520,13 +529,31 @@ def precompile(factory, ops: list[Op], args: argparse.Namespace, device: torch.d
     print(f"    {done} of {total} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
+def run_op(
+    op: Op,
+    args: argparse.Namespace,
+    device: torch.device,
+    done: Mapping[tuple[str, str], list[dict]] | None = None,
+    deadline: float | None = None,
+    on_case: Callable[[CaseResult], None] | None = None,
+) -> OpResult:
+    """Time the op's selected cases. ``done``: an earlier run's records by (op, case), rebuilt
+    instead of timed (--resume); ``deadline``: time.monotonic() after which no case starts
+    (--budget); ``on_case``: called with each case timed."""
     providers = _timed_providers(op, args)
-    loaded = _load_providers(providers)
     res = OpResult(op)
     cases = _selected_cases(op, args)
+    todo = [c for c in cases if (op.name, case_key(c)) not in (done or {})]
+    loaded = _load_providers(providers) if todo else {}
     l2 = l2_bytes()
     for case in cases:
+        records = (done or {}).get((op.name, case_key(case)))
+        if records is not None:
+            res.cases.append(_resumed_case(case, records))
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            res.untimed.append(case)
+            continue
         print(f"[{op.name}] {case.label} ...", flush=True)
         try:
             first = case.make_inputs(device)
@@ -536,6 +563,8 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
             for name in loaded:
                 cr.cells[name] = Cell(name, error="failed: make_inputs: " + _short(e))
             res.cases.append(cr)
+            if on_case is not None:
+                on_case(cr)
             continue
         second = None
         if args.dry_run:
@@ -576,6 +605,8 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
                     with contextlib.suppress(Exception):
                         torch.cuda.synchronize()
         res.cases.append(cr)
+        if on_case is not None:
+            on_case(cr)
         line = ", ".join(
             f"{c.provider} {_fmt_us(c.us)} µs" if c.us is not None else f"{c.provider} {c.error}"
             for c in cr.cells.values()
@@ -586,6 +617,58 @@ def run_op(op: Op, args: argparse.Namespace, device: torch.device) -> OpResult:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return res
+
+
+def _resumed_case(case: Case, records: list[dict]) -> CaseResult:
+    """A case as an earlier run's --json records give it."""
+    cr = CaseResult(case, records[0]["bytes"], records[0].get("copies", 0))
+    for r in records:
+        cr.cells[r["provider"]] = Cell(r["provider"], us=r["us"], error=r["error"])
+    return cr
+
+
+def _finished_cases(
+    records: list[dict], family: str, ops: Sequence[Op], args: argparse.Namespace
+) -> dict[tuple[str, str], list[dict]]:
+    """--resume: the earlier run's records by (op, case), for the cases that have a record of
+    every provider this run would time (failed cells count: they are results too)."""
+    by_case: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if r.get("family") == family:
+            by_case.setdefault((r["op"], r["case"]), []).append(r)
+    finished = {}
+    for op in ops:
+        wanted = {p.name for p in _timed_providers(op, args)}
+        for case in _selected_cases(op, args):
+            have = by_case.get((op.name, case_key(case)), [])
+            if have and wanted and wanted <= {r["provider"] for r in have}:
+                finished[(op.name, case_key(case))] = [r for r in have if r["provider"] in wanted]
+    return finished
+
+
+def _read_records(ap_error: Callable[[str], Any], path: str) -> list[dict]:
+    """--resume: the records of --json's file (none when it does not exist yet)."""
+    file = Path(path)
+    if not file.exists():
+        return []
+    try:
+        records = json.loads(file.read_text())
+    except ValueError as e:
+        ap_error(f"--resume: cannot read {path} as JSON: {e}")
+    keys = ("family", "op", "case", "provider", "bytes")
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and all(k in r for k in keys) for r in records
+    ):
+        ap_error(f"--resume: {path} does not hold a --json run's records")
+    return records
+
+
+def _write_records(path: str, records: list[dict]) -> None:
+    """Replace the file whole, so a run stopped mid-write leaves the previous version."""
+    file = Path(path)
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=1) + "\n")
+    os.replace(tmp, file)
 
 
 def _dry_run_cases(cases: list[Case]) -> list[Case]:
@@ -823,7 +906,21 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         "set SGLJIT_PDL=0 so that consecutive kernels do not overlap)",
     )
     ap.add_argument(
-        "--json", help="also write every timed cell to this JSON file (benchmarks/ab.py reads it)"
+        "--json",
+        help="also write every timed cell to this JSON file, after each case (benchmarks/ab.py "
+        "and verdict.py read it)",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the cases --json's file already has (every provider timed) instead of timing "
+        "them again; the tables cover both",
+    )
+    ap.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="start no case after this many seconds of the run; --resume times the rest later",
     )
     ap.add_argument(
         "--dry-run",
@@ -841,6 +938,11 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         ap.error(f"--precompile: expected a number of processes >= 0, got {args.precompile}")
     if args.cases:
         args.cases = _case_list(ap, args.cases)
+    if args.resume and not args.json:
+        ap.error("--resume: needs --json FILE (the records it continues)")
+    if args.budget is not None and args.budget <= 0:
+        ap.error(f"--budget: expected seconds > 0, got {args.budget}")
+    args.records = _read_records(ap.error, args.json) if args.resume else []
     return args
 
 
@@ -883,26 +985,24 @@ def case_key(case: Case) -> str:
     return f"{case.series}, {case.label}" if case.series else case.label
 
 
-def cells_json(
-    family: str, results: Sequence[OpResult], ceiling_gbps: float | None = None, l2: int = 0
+def case_records(
+    family: str, op: str, cr: CaseResult, ceiling_gbps: float | None, l2: int
 ) -> list[dict[str, Any]]:
-    """One record per (op, case, provider): its median µs (None when it failed) and error, the
-    bytes a call moves, and the run's streaming ceiling and L2 size (benchmarks/verdict.py)."""
+    """A case's --json records: one per provider."""
     return [
         {
             "family": family,
-            "op": r.op.name,
+            "op": op,
             "case": case_key(cr.case),
             "tokens": cr.case.tokens,
             "provider": cell.provider,
             "us": cell.us,
             "error": cell.error,
             "bytes": cr.bytes,
+            "copies": cr.copies,
             "ceiling_gbps": ceiling_gbps,
             "l2_bytes": l2,
         }
-        for r in results
-        for cr in r.cases
         for cell in cr.cells.values()
     ]
 
@@ -916,6 +1016,7 @@ def run_family(
     for the other grids). ``ops``: the ops, or a function of the grid name (``--grid``) returning
     them. Returns an exit code: 0, or 1 if a subject provider is missing or failed on some case.
     Without a CUDA GPU (and without --dry-run) it prints a skip line and returns 0."""
+    started = time.monotonic()
     args = parse_args(argv, family)
     factory = ops
     ops = list(ops(args.grid) if callable(ops) else ops)
@@ -950,16 +1051,45 @@ def run_family(
         else:
             ceiling = streaming_ceiling()
         print(f"streaming ceiling: {ceiling[0]:.0f} GB/s ({ceiling[1]})", flush=True)
+    finished = _finished_cases(args.records, family, ops, args)
+    # Records this run does not time again stay in --json's file as they were.
+    todo = {
+        (op.name, case_key(c))
+        for op in ops
+        for c in _selected_cases(op, args)
+        if (op.name, case_key(c)) not in finished
+    }
+    kept = [
+        r for r in args.records if r.get("family") != family or (r["op"], r["case"]) not in todo
+    ]
+    if finished:
+        print(f"resumed: {len(finished)} case(s) from {args.json}", flush=True)
     if args.precompile and callable(factory):
-        precompile(factory, ops, args, device)
+        precompile(factory, ops, args, device, skip=finished)
     compiled = _compile_counts() if args.precompile else None  # imports dynamo: only when asked
-    results = [run_op(op, args, device) for op in ops]
+    l2 = l2_bytes()
+    fresh: list[dict] = []
+
+    def record(op_name: str) -> Callable[[CaseResult], None]:
+        def on_case(cr: CaseResult) -> None:
+            fresh.extend(case_records(family, op_name, cr, ceiling[0] if ceiling else None, l2))
+            if args.json:
+                _write_records(args.json, kept + fresh)
+
+        return on_case
+
+    deadline = started + args.budget if args.budget is not None else None
+    results = [run_op(op, args, device, finished, deadline, record(op.name)) for op in ops]
     if compiled is not None:
         hits, misses = (a - b for a, b in zip(_compile_counts(), compiled, strict=True))
         print(f"{COMPILE}: {hits} of {hits + misses} graphs came from the cache")
     timed_floor = not args.no_floor and any(op.floor is not None for op in ops)
     head = header(family, machine, ceiling, args.dry_run, copy_floor=timed_floor)
     body = [head]
+    if finished:
+        body += [
+            f"- resumed: {len(finished)} case(s) as an earlier run's `--json` records give them"
+        ]
     for r in results:
         body += ["", f"## {r.op.name}", ""]
         if timed_floor and r.op.floor is not None and r.op.floor.__doc__:
@@ -981,8 +1111,10 @@ def run_family(
     else:
         print(text)
     if args.json:
-        cells = cells_json(family, results, ceiling[0] if ceiling else None, l2_bytes())
-        Path(args.json).write_text(json.dumps(cells, indent=1) + "\n")
+        _write_records(args.json, kept + fresh)
+    untimed = sum(len(r.untimed) for r in results)
+    if untimed:
+        print(f"budget: {untimed} case(s) not timed; run again with --resume to time them")
     bad = [
         f"{r.op.name} {cr.case.label}: {cr.cells[r.op.subject].error}"
         for r in results

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import weakref
 from pathlib import Path
 
@@ -473,6 +474,8 @@ def test_precompiled_graphs_serve_the_runs_compiles(tmp_path):
         (["--precompile", "-1"], "--precompile: expected a number of processes >= 0"),
         (["--cases", "missing.json"], "--cases: cannot read missing.json"),
         (["--cases", "BAD"], "must hold a JSON list of {family, op, case} records"),
+        (["--resume"], "--resume: needs --json FILE"),
+        (["--budget", "0"], "--budget: expected seconds > 0"),
     ],
 )
 def test_bad_run_options_name_themselves(tmp_path, args, says):
@@ -482,3 +485,71 @@ def test_bad_run_options_name_themselves(tmp_path, args, says):
         args = [str(bad) if a == "BAD" else a for a in args]
     proc = run_tool("bench_example.py", "--dry-run", "--no-write", *args)
     assert proc.returncode == 2 and says in proc.stderr, proc.stdout + proc.stderr
+
+
+def _two_series_op(made: list[str], stop_at: str | None = None, slow: str | None = None):
+    """An op of two cases (one a series: a dry run times both). ``made`` collects the labels whose
+    inputs were made; ``stop_at``'s inputs stop the run as a time limit does; ``slow``'s subject
+    call takes 1.5 s once."""
+    slept = []
+
+    def case(label: str, tokens: int) -> harness.Case:
+        def inputs(device):
+            if label == stop_at:
+                raise KeyboardInterrupt  # BaseException: the harness does not catch it
+            made.append(label)
+            return {"label": label}
+
+        return harness.Case(label, tokens, inputs, 16, series=f"S{tokens}")
+
+    def subject(inputs):
+        if inputs["label"] == slow and not slept:
+            slept.append(True)
+            time.sleep(1.5)
+
+    providers = [harness.fixed(subject, "sgljit"), harness.fixed(lambda i: None, "torch")]
+    return harness.Op("op", [case("T=1", 1), case("T=2", 2)], providers)
+
+
+def _records(path) -> list[tuple[str, str]]:
+    return sorted((r["case"], r["provider"]) for r in json.loads(path.read_text()))
+
+
+def test_a_stopped_run_keeps_its_cases_and_resume_times_only_the_rest(tmp_path, capsys):
+    # a grid longer than one call of the GPU machine: --json is rewritten after every case, so a
+    # run cut short keeps what it timed; --resume times the rest and tables the whole grid
+    cells, out = tmp_path / "cells.json", tmp_path / "tables"
+    argv = ["--dry-run", "--json", str(cells), "--out", str(out)]
+    made: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        harness.run_family("fam", [_two_series_op(made, stop_at="T=2")], argv)
+    assert _records(cells) == [("S1, T=1", "sgljit"), ("S1, T=1", "torch")]
+
+    made.clear()
+    assert harness.run_family("fam", [_two_series_op(made)], [*argv, "--resume"]) == 0
+    assert made == ["T=2"]  # T=1 came from the file
+    assert "resumed: 1 case(s)" in capsys.readouterr().out
+    assert _records(cells) == [(f"S{t}, T={t}", p) for t in (1, 2) for p in ("sgljit", "torch")]
+    table = (out / "fam.md").read_text()
+    assert "S1, T=1" in table and "S2, T=2" in table and "- resumed: 1 case(s)" in table
+
+    # a case without a record of every provider this run times is timed again, its old records
+    # replaced: each (case, provider) stays one record
+    made.clear()
+    records = json.loads(cells.read_text())
+    cells.write_text(
+        json.dumps([r for r in records if r["provider"] != "torch" or r["case"] != "S2, T=2"])
+    )
+    harness.run_family("fam", [_two_series_op(made)], [*argv, "--resume"])
+    assert made == ["T=2"]
+    assert _records(cells) == [(f"S{t}, T={t}", p) for t in (1, 2) for p in ("sgljit", "torch")]
+
+
+def test_a_budget_stops_starting_cases_and_says_how_many_are_left(tmp_path, capsys):
+    cells = tmp_path / "cells.json"
+    argv = ["--dry-run", "--no-write", "--json", str(cells), "--budget", "1"]
+    made: list[str] = []
+    assert harness.run_family("fam", [_two_series_op(made, slow="T=1")], argv) == 0
+    assert made == ["T=1"]
+    assert "budget: 1 case(s) not timed; run again with --resume" in capsys.readouterr().out
+    assert [c for c, _ in _records(cells)] == ["S1, T=1", "S1, T=1"]
