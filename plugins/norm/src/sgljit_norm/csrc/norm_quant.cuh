@@ -183,12 +183,6 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
   // Vector j of this thread is vector j * kTPR + lane of the row: consecutive lanes, consecutive 16 bytes.
   auto has = [lane](int j) { return kExact || j * kTPR + lane < kNumVec; };
   auto col = [lane](int j) { return (j * kTPR + lane) * kVec; };
-#ifndef NQ_AB_BASE
-#define NQ_AB_BASE 0
-#endif
-  // NQ_AB_BASE: row pointers start at the lane's first vector; vector j is a constant offset from them.
-  const int lane_col = NQ_AB_BASE ? lane * kVec : 0;
-  auto at = [&col](int j) { return NQ_AB_BASE ? j * kTPR * kVec : col(j); };
 
   if (prefetch && lane == 0) {  // one bulk request per row (see sgljit::prefetch_l2_bulk)
     const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + sub;
@@ -216,8 +210,8 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     const int64_t row = g * kRowsPerBlock + sub;
     const bool valid = row < a.rows;
-    const T* in = a.in + row * a.in_stride + lane_col;
-    T* res = a.res + (kFused ? row * a.res_stride + lane_col : 0);
+    const T* in = a.in + row * a.in_stride;
+    T* res = a.res + (kFused ? row * a.res_stride : 0);
     V x[kVPT];
     float ss = 0.0f;
     if (valid) {
@@ -225,8 +219,8 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
 #pragma unroll
       for (int j = 0; j < kVPT; ++j) {
         if (has(j)) {
-          sgljit::load16_readonly(x[j], in + at(j));
-          if constexpr (kFused) sgljit::load16_readonly(r[j], res + at(j));
+          sgljit::load16_readonly(x[j], in + col(j));
+          if constexpr (kFused) sgljit::load16_readonly(r[j], res + col(j));
         }
       }
 #pragma unroll
@@ -235,7 +229,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
           if constexpr (kFused) {
 #pragma unroll
             for (int e = 0; e < kVec; ++e) x[j][e] = from_float<T>(to_float(x[j][e]) + to_float(r[j][e]));
-            sgljit::store16<NormQuantConfig::kStreamingStores<true>>(res + at(j), x[j]);
+            sgljit::store16<NormQuantConfig::kStreamingStores<true>>(res + col(j), x[j]);
           }
 #pragma unroll
           for (int e = 0; e < kVec; ++e) {
@@ -288,7 +282,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
     if (!valid) continue;
 
     const Divider div(s);
-    uint8_t* out = a.out + row * a.out_stride + lane_col;
+    uint8_t* out = a.out + row * a.out_stride;
     // Codes as the top of the file says. A dynamic scale from the row's own absmax bounds every
     // quotient by fp8_max: its exact steps need no guard for huge ones.
     constexpr int kExact = kDynamic ? sgljit::kMarksteinBounded : sgljit::kMarkstein;
@@ -323,7 +317,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
         }
         Out raw;
         memcpy(&raw, codes, sizeof(raw));
-        sgljit::store_raw<NormQuantConfig::kStreamingStores<kFused>>(out + at(j), raw);
+        sgljit::store_raw<NormQuantConfig::kStreamingStores<kFused>>(out + col(j), raw);
       }
     }
   }
