@@ -540,14 +540,15 @@ def run_op(
     """Time the op's selected cases. ``done``: an earlier run's records by (op, case), rebuilt
     instead of timed (--resume); ``deadline``: time.monotonic() after which no case starts
     (--budget); ``on_case``: called with each case timed."""
+    done = done or {}
     providers = _timed_providers(op, args)
     res = OpResult(op)
     cases = _selected_cases(op, args)
-    todo = [c for c in cases if (op.name, case_key(c)) not in (done or {})]
+    todo = [c for c in cases if (op.name, case_key(c)) not in done]
     loaded = _load_providers(providers) if todo else {}
     l2 = l2_bytes()
     for case in cases:
-        records = (done or {}).get((op.name, case_key(case)))
+        records = done.get((op.name, case_key(case)))
         if records is not None:
             res.cases.append(_resumed_case(case, records))
             continue
@@ -644,23 +645,6 @@ def _finished_cases(
             if have and wanted and wanted <= {r["provider"] for r in have}:
                 finished[(op.name, case_key(case))] = [r for r in have if r["provider"] in wanted]
     return finished
-
-
-def _read_records(ap_error: Callable[[str], Any], path: str) -> list[dict]:
-    """--resume: the records of --json's file (none when it does not exist yet)."""
-    file = Path(path)
-    if not file.exists():
-        return []
-    try:
-        records = json.loads(file.read_text())
-    except ValueError as e:
-        ap_error(f"--resume: cannot read {path} as JSON: {e}")
-    keys = ("family", "op", "case", "provider", "bytes")
-    if not isinstance(records, list) or not all(
-        isinstance(r, dict) and all(k in r for k in keys) for r in records
-    ):
-        ap_error(f"--resume: {path} does not hold a --json run's records")
-    return records
 
 
 def _write_records(path: str, records: list[dict]) -> None:
@@ -942,21 +926,41 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         ap.error("--resume: needs --json FILE (the records it continues)")
     if args.budget is not None and args.budget <= 0:
         ap.error(f"--budget: expected seconds > 0, got {args.budget}")
-    args.records = _read_records(ap.error, args.json) if args.resume else []
+    args.records = []
+    if args.resume and Path(args.json).exists():  # a first run has no file yet
+        keys = ("family", "op", "case", "provider", "bytes")
+        args.records = _json_records(
+            ap, "--resume", args.json, lambda r: all(k in r for k in keys), "a --json run's records"
+        )
     return args
 
 
 def _case_list(ap: argparse.ArgumentParser, path: str) -> list[dict[str, str]]:
     """--cases' file: a JSON list of {family, op, case} records (verdict.py --rerun's)."""
+    keys = ("family", "op", "case")
+    return _json_records(
+        ap,
+        "--cases",
+        path,
+        lambda r: all(isinstance(r.get(k), str) for k in keys),
+        "a JSON list of {family, op, case} records",
+    )
+
+
+def _json_records(
+    ap: argparse.ArgumentParser,
+    option: str,
+    path: str,
+    valid: Callable[[dict], bool],
+    expected: str,
+) -> list[dict]:
+    """An option's file: a JSON list of records each ``valid``; otherwise ap.error names the option."""
     try:
         records = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        ap.error(f"--cases: cannot read {path} as JSON: {e}")
-    keys = ("family", "op", "case")
-    if not isinstance(records, list) or not all(
-        isinstance(r, dict) and all(isinstance(r.get(k), str) for k in keys) for r in records
-    ):
-        ap.error(f"--cases: {path} must hold a JSON list of {{family, op, case}} records")
+        ap.error(f"{option}: cannot read {path} as JSON: {e}")
+    if not isinstance(records, list) or not all(isinstance(r, dict) and valid(r) for r in records):
+        ap.error(f"{option}: {path} must hold {expected}")
     return records
 
 

@@ -475,6 +475,7 @@ def test_precompiled_graphs_serve_the_runs_compiles(tmp_path):
         (["--cases", "missing.json"], "--cases: cannot read missing.json"),
         (["--cases", "BAD"], "must hold a JSON list of {family, op, case} records"),
         (["--resume"], "--resume: needs --json FILE"),
+        (["--json", "BAD", "--resume"], "must hold a --json run's records"),
         (["--budget", "0"], "--budget: expected seconds > 0"),
     ],
 )
