@@ -556,6 +556,7 @@ def run_op(
             res.untimed.append(case)
             continue
         print(f"[{op.name}] {case.label} ...", flush=True)
+        case_started = time.monotonic()
         try:
             first = case.make_inputs(device)
             nb = case.nbytes(first)
@@ -612,7 +613,8 @@ def run_op(
             f"{c.provider} {_fmt_us(c.us)} µs" if c.us is not None else f"{c.provider} {c.error}"
             for c in cr.cells.values()
         )
-        print(f"    K={k}, {nb / 1e6:.3g} MB/call: {line}", flush=True)
+        spent = time.monotonic() - case_started
+        print(f"    K={k}, {nb / 1e6:.3g} MB/call: {line} ({spent:.1f} s)", flush=True)
         del copies, first
         gc.collect()
         if device.type == "cuda":
