@@ -6,10 +6,9 @@ providers) and hands them to :func:`run_family`; see benchmarks/README.md. Run a
 
 Timing: one CUDA graph calls the op once on each of K copies of the inputs (K copies together move
 more than twice the L2 cache, so no case is timed from cache; outputs an op allocates are kept until
-the K calls are done, so they take K buffers too); ``triton.testing.do_bench_cudagraph``
-replays it and we take the median, divided by K. Warm-up (JIT builds, torch.compile, autotuning)
-runs on every copy before anything is timed. Without triton the same is done with CUDA events and
-``torch.cuda.CUDAGraph``. An op's floor (``Op.floor``: kernels that only move its bytes) is timed
+the K calls are done, so they take K buffers too); the graph is replayed and we take the median,
+divided by K (:func:`bench_cudagraph_ms`). Warm-up (JIT builds, torch.compile, autotuning) runs on
+every copy before anything is timed. An op's floor (``Op.floor``: kernels that only move its bytes) is timed
 the same way, as the ``copy floor`` row (``--no-floor``: not timed).
 
 ``python3 benchmarks/harness.py`` measures only the streaming ceiling and writes ceiling.md.
@@ -273,58 +272,43 @@ def now_utc() -> str:
 # --------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------
-def _bench_graph_fallback(fn: Callable[[], Any], rep_ms: float) -> float:
-    """Same algorithm as triton.testing.do_bench_cudagraph, median; returns ms per fn()."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+def _capture(fn: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        estimate = max(start.elapsed_time(end), 1e-3)
-        n_repeat = max(1, int(rep_ms / estimate))
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(n_repeat):
-                fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(10):
-            start.record()
-            g.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / n_repeat)
-    return statistics.median(times)
+    return g
 
 
 def bench_cudagraph_ms(fn: Callable[[], Any], rep_ms: float = 25.0) -> float:
-    """Median ms per ``fn()`` over CUDA-graph replays (triton's do_bench_cudagraph if present)."""
-    try:
-        from triton.testing import do_bench_cudagraph
-    except ImportError:
-        return _bench_graph_fallback(fn, rep_ms)
+    """Median ms per ``fn()`` over 10 replays of one CUDA graph that calls fn n times, n such that
+    a replay lasts about ``rep_ms``. This is triton.testing.do_bench_cudagraph's method, except
+    that n comes from replaying a one-call graph rather than from five eager calls: over thousands
+    of small input copies eager calls are host-bound, cost seconds a case and say nothing of the
+    GPU's time. One eager call first does the builds, compiles and autotuning."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def replay_ms(g: torch.cuda.CUDAGraph) -> float:
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
     with torch.cuda.stream(torch.cuda.Stream()):  # graphs cannot be captured on the default stream
-        try:
-            return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
-        except TypeError:  # old triton without return_mode
-            pass
-    return _bench_graph_fallback(fn, rep_ms)
+        fn()
+        g = _capture(fn, 1)
+        replay_ms(g)  # the first replay uploads the graph
+        calls = max(1, int(rep_ms / max(replay_ms(g), 1e-3)))
+        if calls > 1:
+            g.reset()  # frees its memory pool before the bigger graph takes one
+            g = _capture(fn, calls)
+            replay_ms(g)
+        times = [replay_ms(g) / calls for _ in range(10)]
+    return statistics.median(times)
 
 
-def timer_name() -> str:
-    try:
-        import triton.testing  # noqa: F401
-
-        return "triton.testing.do_bench_cudagraph (median)"
-    except ImportError:
-        return "torch.cuda.CUDAGraph + CUDA events (median; triton missing)"
+TIMER = "CUDA-graph replays, median of 10 (harness.bench_cudagraph_ms)"
 
 
 def call_each(fn: Callable[[Inputs], Any], copies: Sequence[Inputs]) -> list[Any]:
@@ -336,14 +320,11 @@ def call_each(fn: Callable[[Inputs], Any], copies: Sequence[Inputs]) -> list[Any
 
 
 def time_rotated(fn: Callable[[Inputs], Any], copies: Sequence[Inputs], rep_ms: float) -> float:
-    """µs per call: warm up on every copy, then time one graph that calls fn on each copy once."""
+    """µs per call: one graph that calls fn on each copy once, timed by bench_cudagraph_ms."""
 
     def run_all():
         call_each(fn, copies)
 
-    run_all()  # warm-up: JIT builds, torch.compile, autotuning, allocator
-    run_all()
-    torch.cuda.synchronize()
     ms = bench_cudagraph_ms(run_all, rep_ms)
     return ms * 1e3 / len(copies)
 
@@ -769,7 +750,7 @@ def header(
     if ceiling:
         out.append(f"- streaming ceiling: **{ceiling[0]:.0f} GB/s** ({ceiling[1]})")
     out += [
-        f"- timing: {timer_name()}; one graph calls the op once on each of K input copies "
+        f"- timing: {TIMER}; one graph calls the op once on each of K input copies "
         "(K × bytes > 2 × L2, so nothing is timed from cache), time ÷ K; host overhead excluded",
         "- bytes: each input read once, each output written once; GB/s = bytes ÷ time",
         "- speed-up: best other provider's time ÷ the subject's (subject row); "
@@ -1150,7 +1131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"- command: `{command_line()}`",
             f"- date: {now_utc()}",
             "- versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
-            f"- timing: {timer_name()}",
+            f"- timing: {TIMER}",
             "",
             f"**{gbps:.0f} GB/s** — {desc}",
             "",
