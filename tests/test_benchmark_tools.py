@@ -554,3 +554,98 @@ def test_a_budget_stops_starting_cases_and_says_how_many_are_left(tmp_path, caps
     assert made == ["T=1"]
     assert "budget: 1 case(s) not timed; run again with --resume" in capsys.readouterr().out
     assert [c for c, _ in _records(cells)] == ["S1, T=1", "S1, T=1"]
+
+
+class _FakeGpu:
+    """torch.cuda's streams, events and graphs over a clock that only calls advance: each call of
+    the timed function costs `call_ms` when it runs on the 'GPU' (eagerly, or in a replayed graph)."""
+
+    def __init__(self, call_ms: float):
+        self.call_ms, self.now, self.eager_calls, self.capturing = call_ms, 0.0, 0, None
+        self.captured: list[int] = []
+
+    def fn(self):
+        if self.capturing is not None:
+            self.capturing.calls += 1
+        else:
+            self.eager_calls += 1
+            self.now += self.call_ms
+
+    def install(self, monkeypatch):
+        gpu = self
+
+        class Graph:
+            def __init__(self):
+                self.calls = 0
+
+            def replay(self):
+                gpu.now += self.calls * gpu.call_ms
+
+            def reset(self):
+                self.calls = -1  # replaying a reset graph would go back in time: the test sees it
+
+        class Capture:
+            def __init__(self, g):
+                self.g = g
+
+            def __enter__(self):
+                gpu.capturing = self.g
+
+            def __exit__(self, *exc):
+                gpu.captured.append(self.g.calls)
+                gpu.capturing = None
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        class Stream:
+            pass
+
+        class UseStream:
+            def __init__(self, stream):
+                pass
+
+            def __enter__(self):
+                pass
+
+            def __exit__(self, *exc):
+                pass
+
+        for name, value in {
+            "CUDAGraph": Graph,
+            "graph": Capture,
+            "Event": Event,
+            "Stream": Stream,
+            "stream": UseStream,
+        }.items():
+            monkeypatch.setattr(harness.torch.cuda, name, value)
+
+
+@pytest.mark.parametrize(
+    "call_ms, rep_ms, graph_calls",
+    [
+        (8.6, 25.0, 2),  # 6145 one-token copies: two calls fill a 25 ms replay
+        (8.6, 10.0, 1),  # one call's graph is kept
+        (0.13, 25.0, 192),  # a large call: many a replay
+    ],
+)
+def test_the_timer_sizes_replays_by_a_graph_and_calls_eagerly_once(
+    monkeypatch, call_ms, rep_ms, graph_calls
+):
+    gpu = _FakeGpu(call_ms)
+    gpu.install(monkeypatch)
+    ms = harness.bench_cudagraph_ms(gpu.fn, rep_ms)
+    assert ms == pytest.approx(call_ms)
+    assert gpu.eager_calls == 1  # the warm-up; nothing else runs outside a graph
+    want = [1] if graph_calls == 1 else [1, graph_calls]
+    assert gpu.captured == want
