@@ -446,9 +446,13 @@ def _selected_cases(op: Op, args: argparse.Namespace) -> list[Case]:
     return _dry_run_cases(cases) if args.dry_run else cases
 
 
-def _precompile_cases(factory, grid: str, op_name: str, keys: list[str], device: str) -> int:
-    """In a worker process: the op's torch.compile provider called once on each listed case's
-    inputs, which leaves its compiled graphs and kernels in the on-disk caches. Returns the count."""
+def _precompile_cases(
+    factory, grid: str, op_name: str, keys: list[str], names: list[str], device: str
+) -> int:
+    """In a worker process: each named provider (or the floor, FLOOR) called once on each listed
+    case's inputs, which leaves what they build in the on-disk caches: sgljit's and sglang's
+    modules, torch.compile's graphs, Triton's kernels. Returns the calls that ran; one that fails
+    is left for the run to time and report."""
     # The bench script is this process's __mp_main__, registered before torch: pickle (Python
     # 3.11) then names torch.contiguous_format "__mp_main__.torch.contiguous_format" in the cache
     # key of every graph, and no key matched the run's. Listed last, torch's own modules come first.
@@ -457,17 +461,37 @@ def _precompile_cases(factory, grid: str, op_name: str, keys: list[str], device:
         sys.modules["__mp_main__"] = main
     _raise_dynamo_limits()
     op = next(o for o in factory(grid) if o.name == op_name)
-    provider = next(p for p in op.providers if p.name == COMPILE)
-    fn = provider.load()
-    wanted, done = set(keys), 0
+    providers = [p for p in op.providers if p.name in names]
+    if FLOOR in names and op.floor is not None:
+        providers.append(fixed(op.floor, FLOOR))
+    fns = []
+    for p in providers:
+        with contextlib.suppress(Exception):  # the run reports it as missing
+            fns.append((p, p.load()))
+    wanted, calls = set(keys), 0
     for case in op.cases:
-        if case_key(case) in wanted:
-            inputs = case.make_inputs(torch.device(device))
-            fn(provider.prepare(inputs) if provider.prepare else inputs)
-            done += 1
+        if case_key(case) not in wanted:
+            continue
+        inputs = case.make_inputs(torch.device(device))
+        for p, fn in fns:
+            with contextlib.suppress(Exception):
+                fn(p.prepare(inputs) if p.prepare else inputs)
+                calls += 1
     if device == "cuda":
         torch.cuda.synchronize()
-    return done
+    return calls
+
+
+def _series_first(cases: Sequence[Case]) -> list[Case]:
+    """The cases reordered: every series' first case, then every series' second, ... Dealt out to
+    the precompile workers, a series' module (its width) is built by one worker while the others
+    build other series' instead of waiting on its lock."""
+    seen: dict[str, int] = {}
+    ranked = []
+    for i, case in enumerate(cases):
+        ranked.append((seen.get(case.series, 0), i, case))
+        seen[case.series] = seen.get(case.series, 0) + 1
+    return [case for _, _, case in sorted(ranked, key=lambda r: r[:2])]
 
 
 def precompile(
@@ -477,36 +501,37 @@ def precompile(
     device: torch.device,
     skip: Mapping[tuple[str, str], Any] | None = None,
 ) -> None:
-    """--precompile JOBS: compile the torch.compile provider's graphs for every case this run times
-    in JOBS processes first (one static graph a shape: about a second or two each, one at a time
-    in the run); the run's own compiles then load them from torch's on-disk caches."""
+    """--precompile JOBS: call every provider this run times once on every case it times, in JOBS
+    processes first. The builds that would run one at a time in the run (a module per width for
+    sgljit and for sglang's jit_kernel, a static torch.compile graph a shape, Triton's kernels:
+    seconds each) then load from their on-disk caches."""
     import concurrent.futures
     import multiprocessing
 
     jobs = args.precompile
     work = []
     for op in ops:
-        if any(p.name == COMPILE for p in _timed_providers(op, args)):
-            keys = [case_key(c) for c in _selected_cases(op, args)]
-            keys = [k for k in keys if (op.name, k) not in (skip or {})]  # --resume's
-            work += [(op.name, keys[i::jobs]) for i in range(jobs) if keys[i::jobs]]
+        names = [p.name for p in _timed_providers(op, args)]
+        todo = [c for c in _selected_cases(op, args) if (op.name, case_key(c)) not in (skip or {})]
+        keys = [case_key(c) for c in _series_first(todo)]
+        work += [(op.name, keys[i::jobs], names) for i in range(jobs) if keys[i::jobs]]
     if not work:
         return
-    total = sum(len(k) for _, k in work)
-    print(f"{COMPILE}: compiling {total} case(s) in {jobs} processes ...", flush=True)
+    total = sum(len(k) * len(n) for _, k, n in work)
+    print(f"precompile: {total} provider call(s) in {jobs} processes ...", flush=True)
     t0 = time.perf_counter()
     done = 0
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
         futures = [
-            pool.submit(_precompile_cases, factory, args.grid, name, keys, device.type)
-            for name, keys in work
+            pool.submit(_precompile_cases, factory, args.grid, name, keys, names, device.type)
+            for name, keys, names in work
         ]
         for fut in futures:
             try:
                 done += fut.result()
-            except Exception as e:  # those cases compile when they are timed, as without it
-                print(f"    {COMPILE} precompile: {_short(e)}", flush=True)
+            except Exception as e:  # those builds happen when the cases are timed, as without it
+                print(f"    precompile: {_short(e)}", flush=True)
     print(f"    {done} of {total} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -857,8 +882,9 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="JOBS",
-        help=f"first compile every case's {COMPILE} graph in JOBS processes (torch's on-disk "
-        "caches then serve the run's compiles); 0: each compiles when it is timed",
+        help="first call every provider once on every case in JOBS processes, so that the run's "
+        f"builds (sgljit and sglang modules, {COMPILE} graphs, Triton kernels) load from their "
+        "on-disk caches; 0: each builds when it is timed",
     )
     ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
     ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")

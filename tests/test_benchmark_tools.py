@@ -649,3 +649,70 @@ def test_the_timer_sizes_replays_by_a_graph_and_calls_eagerly_once(
     assert gpu.eager_calls == 1  # the warm-up; nothing else runs outside a graph
     want = [1] if graph_calls == 1 else [1, graph_calls]
     assert gpu.captured == want
+
+
+RECORDING_BENCH = """
+import os, sys
+
+import torch
+from harness import FLOOR, Case, Op, Provider, run_family
+
+
+def recorder(name):
+    def call(inputs):
+        with open(os.environ["CALLS"], "a") as f:
+            f.write(f"{os.getpid()} {name} {inputs['case']}\\n")
+
+    return call
+
+
+def case(series, tokens):
+    def make_inputs(device):
+        return {"x": torch.zeros(4, device=device), "case": f"{series}/{tokens}"}
+
+    return Case(f"T={tokens}", tokens, make_inputs, 16, series)
+
+
+def ops(grid="default"):
+    cases = [case(s, t) for s in "ABC" for t in (1, 2, 3)]
+    providers = [Provider("p", lambda: recorder("p")), Provider("q", lambda: recorder("q"))]
+    return [Op("op", cases, providers, subject="p", floor=recorder(FLOOR.replace(" ", "_")))]
+
+
+if __name__ == "__main__":
+    with open(os.environ["CALLS"], "a") as f:
+        f.write(f"{os.getpid()} main -\\n")
+    sys.exit(run_family("recording", ops))
+"""
+
+
+def test_precompile_calls_every_provider_on_every_case_in_other_processes_first(tmp_path):
+    # What the run would build one case at a time (sgljit's and sglang's modules, compile graphs,
+    # Triton kernels) is built by the precompile workers: each provider and the floor called once
+    # on each case the run times, before the run's own first call.
+    script, calls = tmp_path / "bench_recording.py", tmp_path / "calls.txt"
+    script.write_text(RECORDING_BENCH)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--dry-run", "--no-write", "--precompile", "2"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CALLS": str(calls), "PYTHONPATH": str(BENCH)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    main = lines[0][0]
+    assert lines[0][1] == "main"
+    first_own = next(i for i, line in enumerate(lines) if line[0] == main and i > 0)
+    workers = [tuple(line[1:]) for line in lines[1:first_own]]
+    assert all(line[0] != main for line in lines[1:first_own])
+    timed = [f"{s}/{t}" for s in "ABC" for t in (1, 2)]  # a dry run times two tokens a series
+    want = [(p, c) for p in ("p", "q", "copy_floor") for c in timed]
+    assert sorted(workers) == sorted(want)
+    assert all(line[0] == main for line in lines[first_own:])
+    assert "precompile: 18 provider call(s) in 2 processes" in proc.stdout
+
+
+def test_precompile_deals_each_series_first_case_before_any_second():
+    cases = [harness.Case(f"T={t}", t, lambda d: {}, 1, s) for s in "AB" for t in (1, 2, 3)]
+    order = [f"{c.series}{c.tokens}" for c in harness._series_first(cases)]
+    assert order == ["A1", "B1", "A2", "B2", "A3", "B3"]
