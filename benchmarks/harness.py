@@ -472,13 +472,16 @@ def _precompile_cases(
     for case in op.cases:
         if case_key(case) not in wanted:
             continue
-        inputs = case.make_inputs(torch.device(device))
-        for p, fn in fns:
-            with contextlib.suppress(Exception):
-                fn(p.prepare(inputs) if p.prepare else inputs)
-                calls += 1
-    if device == "cuda":
-        torch.cuda.synchronize()
+        with contextlib.suppress(Exception):  # out of memory beside the other workers, say
+            inputs = case.make_inputs(torch.device(device))
+            for p, fn in fns:
+                with contextlib.suppress(Exception):
+                    fn(p.prepare(inputs) if p.prepare else inputs)
+                    calls += 1
+        inputs = None
+        if device == "cuda":  # what a large case reserved goes back for the other workers
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
     return calls
 
 
