@@ -418,10 +418,11 @@ def _tensor_bytes(inputs: Inputs, shared_with: Inputs | None = None) -> int:
 
 
 def _timed_providers(op: Op, args: argparse.Namespace) -> list[Provider]:
-    """The providers --providers keeps, then the op's floor unless --no-floor (--providers does not
-    drop it: it is what the peers' times are read against)."""
+    """The providers --providers keeps and --without does not drop, then the op's floor unless
+    --no-floor (--providers does not drop it: it is what the peers' times are read against)."""
     only = set(args.providers.split(",")) if args.providers else None
-    out = [p for p in op.providers if not only or p.name in only]
+    without = set(args.without.split(",")) if args.without else set()
+    out = [p for p in op.providers if (not only or p.name in only) and p.name not in without]
     if op.floor is not None and not args.no_floor:
         out.append(fixed(op.floor, FLOOR))
     return out
@@ -864,6 +865,7 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=f"benchmark the {family} family")
     ap.add_argument("--tokens", help="only these token counts (comma separated)")
     ap.add_argument("--providers", help="only these providers (comma separated)")
+    ap.add_argument("--without", help="not these providers (comma separated), e.g. torch")
     ap.add_argument("--ops", help="only these ops (comma separated)")
     ap.add_argument(
         "--grid",

@@ -716,3 +716,14 @@ def test_precompile_deals_each_series_first_case_before_any_second():
     cases = [harness.Case(f"T={t}", t, lambda d: {}, 1, s) for s in "AB" for t in (1, 2, 3)]
     order = [f"{c.series}{c.tokens}" for c in harness._series_first(cases)]
     assert order == ["A1", "B1", "A2", "B2", "A3", "B3"]
+
+
+def test_without_drops_the_providers_it_names_and_keeps_the_floor(tmp_path):
+    out = tmp_path / "cells.json"
+    proc = run_tool(
+        "bench_example.py", "--dry-run", "--no-write", "--without", "torch,not-installed",
+        "--json", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    timed = {c["provider"] for c in json.loads(out.read_text())}
+    assert timed == {"torch (out=)", harness.COMPILE, harness.FLOOR}
