@@ -8,8 +8,8 @@ Timing: one CUDA graph calls the op once on each of K copies of the inputs (K co
 more than twice the L2 cache, so no case is timed from cache; outputs an op allocates are kept until
 the K calls are done, so they take K buffers too); the graph is replayed and we take the median,
 divided by K (:func:`bench_cudagraph_ms`). Warm-up (JIT builds, torch.compile, autotuning) runs on
-every copy before anything is timed. An op's floor (``Op.floor``: kernels that only move its bytes) is timed
-the same way, as the ``copy floor`` row (``--no-floor``: not timed).
+every copy before anything is timed. An op's floor (``Op.floor``: kernels that only move its
+bytes) is timed the same way, as the ``copy floor`` row (``--no-floor``: not timed).
 
 ``python3 benchmarks/harness.py`` measures only the streaming ceiling and writes ceiling.md.
 """
