@@ -364,6 +364,34 @@ def test_verdict_holds_large_calls_to_the_ceiling_share():
     assert [x.case for x in verdict.failing(list(v.values()))] == ["slow"]
 
 
+def test_verdict_accepts_a_call_below_the_ceiling_share_only_at_the_copy_floor(tmp_path):
+    big, floor = 200 * 10**6, harness.FLOOR  # 4x the L2; 60 µs is 83% of the 4000 GB/s ceiling
+    run = [
+        # the floor kernel is no faster: the op's bytes cannot move faster in its pattern
+        *[
+            _cell("at", p, us, nbytes=big)
+            for p, us in (("sgljit", 60.0), ("torch", 70.0), (floor, 59.5))
+        ],
+        # the floor moves them 10% faster: sgljit is short of what the bytes allow
+        *[
+            _cell("off", p, us, nbytes=big)
+            for p, us in (("sgljit", 60.0), ("torch", 70.0), (floor, 54.0))
+        ],
+        # no floor timed: nothing says the share cannot be reached
+        *[_cell("none", p, us, nbytes=big) for p, us in (("sgljit", 60.0), ("torch", 70.0))],
+    ]
+    v = _verdicts(run)
+    assert all(x.below_ceiling for x in v.values())
+    assert {k for k, x in v.items() if x.below_ceiling_at_floor} == {"at"}
+    assert sorted(x.case for x in verdict.failing(list(v.values()))) == ["none", "off"]
+    runs = tmp_path / "run.json"
+    runs.write_text(json.dumps(run))
+    proc = run_tool("verdict.py", str(runs))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "| norm | rmsnorm | at | win, sgljit at the copy floor |" in proc.stdout
+    assert "| norm | rmsnorm | 3 | 3 | 0 | 0 | 0 | 0 | 3 | 1 |" in proc.stdout
+
+
 def test_verdict_reports_and_exits_by_the_rule(tmp_path):
     ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
     ok.write_text(json.dumps([_cell("a", "sgljit", 1.0), _cell("a", "torch", 1.5)]))
