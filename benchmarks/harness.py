@@ -498,45 +498,61 @@ def _series_first(cases: Sequence[Case]) -> list[Case]:
     return [case for _, _, case in sorted(ranked, key=lambda r: r[:2])]
 
 
-def precompile(
-    factory,
-    ops: list[Op],
-    args: argparse.Namespace,
-    device: torch.device,
-    skip: Mapping[tuple[str, str], Any] | None = None,
-) -> None:
-    """--precompile JOBS: call every provider this run times once on every case it times, in JOBS
-    processes first. The builds that would run one at a time in the run (a module per width for
-    sgljit and for sglang's jit_kernel, a static torch.compile graph a shape, Triton's kernels:
-    seconds each) then load from their on-disk caches."""
-    import concurrent.futures
-    import multiprocessing
+class Precompiler:
+    """--precompile JOBS: before a case is timed, it and the next cases not built yet (2 × JOBS in
+    all) are called once with every provider the run times, in JOBS worker processes
+    (:func:`_precompile_cases`). The builds that would run one at a time in the run (a module per
+    width for sgljit and for sglang's jit_kernel, a static torch.compile graph a shape, Triton's
+    kernels: seconds each) then load from their on-disk caches. Chunks just ahead of the timing,
+    not the whole grid first: a run that --budget stops has built little it did not time."""
 
-    jobs = args.precompile
-    work = []
-    for op in ops:
-        names = [p.name for p in _timed_providers(op, args)]
-        todo = [c for c in _selected_cases(op, args) if (op.name, case_key(c)) not in (skip or {})]
-        keys = [case_key(c) for c in _series_first(todo)]
-        work += [(op.name, keys[i::jobs], names) for i in range(jobs) if keys[i::jobs]]
-    if not work:
-        return
-    total = sum(len(k) * len(n) for _, k, n in work)
-    print(f"precompile: {total} provider call(s) in {jobs} processes ...", flush=True)
-    t0 = time.perf_counter()
-    done = 0
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+    def __init__(self, factory, args: argparse.Namespace, device: torch.device):
+        self.factory, self.args, self.device = factory, args, device
+        self.jobs = args.precompile
+        self.built: set[tuple[str, str]] = set()
+        self.pool = None
+        self.calls = self.total = 0
+        self.seconds = 0.0
+
+    def ahead(self, op: Op, cases: Sequence[Case]) -> None:
+        """Builds for cases[0], about to be timed, and the cases after it, unless done already."""
+        if not cases or (op.name, case_key(cases[0])) in self.built:
+            return
+        chunk = [c for c in cases if (op.name, case_key(c)) not in self.built][: 2 * self.jobs]
+        names = [p.name for p in _timed_providers(op, self.args)]
+        keys = [case_key(c) for c in _series_first(chunk)]
+        if self.pool is None:
+            import concurrent.futures
+            import multiprocessing
+
+            context = multiprocessing.get_context("spawn")
+            self.pool = concurrent.futures.ProcessPoolExecutor(self.jobs, mp_context=context)
+        t0 = time.perf_counter()
         futures = [
-            pool.submit(_precompile_cases, factory, args.grid, name, keys, names, device.type)
-            for name, keys, names in work
-        ]
+            self.pool.submit(
+                _precompile_cases, self.factory, self.args.grid, op.name, keys[i :: self.jobs],
+                names, self.device.type,
+            )
+            for i in range(min(self.jobs, len(keys)))
+        ]  # fmt: skip
         for fut in futures:
             try:
-                done += fut.result()
+                self.calls += fut.result()
             except Exception as e:  # those builds happen when the cases are timed, as without it
                 print(f"    precompile: {_short(e)}", flush=True)
-    print(f"    {done} of {total} in {time.perf_counter() - t0:.0f} s", flush=True)
+        self.total += len(keys) * len(names)
+        self.seconds += time.perf_counter() - t0
+        self.built.update((op.name, k) for k in keys)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.total:
+            print(
+                f"precompile: {self.calls} of {self.total} provider calls in {self.seconds:.0f} s "
+                f"({self.jobs} processes, chunks ahead of the timing)",
+                flush=True,
+            )
 
 
 def run_op(
@@ -546,10 +562,12 @@ def run_op(
     done: Mapping[tuple[str, str], list[dict]] | None = None,
     deadline: float | None = None,
     on_case: Callable[[CaseResult], None] | None = None,
+    precompiler: Precompiler | None = None,
 ) -> OpResult:
     """Time the op's selected cases. ``done``: an earlier run's records by (op, case), rebuilt
     instead of timed (--resume); ``deadline``: time.monotonic() after which no case starts
-    (--budget); ``on_case``: called with each case timed."""
+    (--budget); ``on_case``: called with each case timed; ``precompiler``: builds ahead of the
+    cases (--precompile)."""
     done = done or {}
     providers = _timed_providers(op, args)
     res = OpResult(op)
@@ -565,6 +583,8 @@ def run_op(
         if deadline is not None and time.monotonic() > deadline:
             res.untimed.append(case)
             continue
+        if precompiler is not None:  # todo from this case on
+            precompiler.ahead(op, todo[next(i for i, c in enumerate(todo) if c is case) :])
         print(f"[{op.name}] {case.label} ...", flush=True)
         case_started = time.monotonic()
         try:
@@ -887,9 +907,9 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="JOBS",
-        help="first call every provider once on every case in JOBS processes, so that the run's "
-        f"builds (sgljit and sglang modules, {COMPILE} graphs, Triton kernels) load from their "
-        "on-disk caches; 0: each builds when it is timed",
+        help="call every provider once on each case in JOBS processes, a few cases ahead of "
+        f"the timing, so that the run's builds (sgljit and sglang modules, {COMPILE} graphs, "
+        "Triton kernels) load from their on-disk caches; 0: each builds when it is timed",
     )
     ap.add_argument("--rep", type=float, default=25.0, help="ms of graph replays per sample")
     ap.add_argument("--max-copies", type=int, default=8192, help="cap on rotated input copies")
@@ -1082,8 +1102,9 @@ def run_family(
     ]
     if finished:
         print(f"resumed: {len(finished)} case(s) from {args.json}", flush=True)
-    if args.precompile and callable(factory):
-        precompile(factory, ops, args, device, skip=finished)
+    precompiler = (
+        Precompiler(factory, args, device) if args.precompile and callable(factory) else None
+    )
     compiled = _compile_counts() if args.precompile else None  # imports dynamo: only when asked
     l2 = l2_bytes()
     fresh: list[dict] = []
@@ -1097,7 +1118,13 @@ def run_family(
         return on_case
 
     deadline = started + args.budget if args.budget is not None else None
-    results = [run_op(op, args, device, finished, deadline, record(op.name)) for op in ops]
+    try:
+        results = [
+            run_op(op, args, device, finished, deadline, record(op.name), precompiler) for op in ops
+        ]
+    finally:
+        if precompiler is not None:
+            precompiler.close()
     if compiled is not None:
         hits, misses = (a - b for a, b in zip(_compile_counts(), compiled, strict=True))
         print(f"{COMPILE}: {hits} of {hits + misses} graphs came from the cache")

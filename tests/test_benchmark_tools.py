@@ -714,10 +714,13 @@ if __name__ == "__main__":
 """
 
 
-def test_precompile_calls_every_provider_on_every_case_in_other_processes_first(tmp_path):
+def test_precompile_calls_every_provider_on_each_case_in_other_processes_before_it_is_timed(
+    tmp_path,
+):
     # What the run would build one case at a time (sgljit's and sglang's modules, compile graphs,
     # Triton kernels) is built by the precompile workers: each provider and the floor called once
-    # on each case the run times, before the run's own first call.
+    # on each case the run times, before the run's own first call on that case, in chunks of
+    # 2 x JOBS cases (so a budget-stopped run builds little it does not time).
     script, calls = tmp_path / "bench_recording.py", tmp_path / "calls.txt"
     script.write_text(RECORDING_BENCH)
     proc = subprocess.run(
@@ -730,14 +733,20 @@ def test_precompile_calls_every_provider_on_every_case_in_other_processes_first(
     lines = [line.split() for line in calls.read_text().splitlines()]
     main = lines[0][0]
     assert lines[0][1] == "main"
-    first_own = next(i for i, line in enumerate(lines) if line[0] == main and i > 0)
-    workers = [tuple(line[1:]) for line in lines[1:first_own]]
-    assert all(line[0] != main for line in lines[1:first_own])
     timed = [f"{s}/{t}" for s in "ABC" for t in (1, 2)]  # a dry run times two tokens a series
-    want = [(p, c) for p in ("p", "q", "copy_floor") for c in timed]
-    assert sorted(workers) == sorted(want)
-    assert all(line[0] == main for line in lines[first_own:])
-    assert "precompile: 18 provider call(s) in 2 processes" in proc.stdout
+    workers = [(i, name, case) for i, (pid, name, case) in enumerate(lines) if pid != main]
+    assert sorted((name, case) for _, name, case in workers) == sorted(
+        (p, c) for p in ("p", "q", "copy_floor") for c in timed
+    )
+    own = {}
+    for i, (pid, _, case) in enumerate(lines[1:], 1):
+        if pid == main:
+            own.setdefault(case, i)
+    assert set(own) == set(timed)
+    assert all(i < own[case] for i, _, case in workers)
+    # two chunks of 4 and 2 cases: the last chunk is built after the first case was timed
+    assert own[timed[0]] < max(i for i, _, _ in workers)
+    assert "precompile: 18 of 18 provider calls" in proc.stdout
 
 
 def test_precompile_deals_each_series_first_case_before_any_second():
