@@ -28,7 +28,7 @@
 #   grid:FAMILY      the family's models grid (every peer but torch eager, --precompile 12, --rep 10),
 #                    continued over calls: records in results/<gpu>/models_grid/FAMILY.json, which
 #                    --resume keeps (carry the file back into the tree between calls); with a step limit
-#                    ('@540:grid:norm') no case starts in its last 60 s
+#                    ('@540:grid:norm') no case starts in its last 90 s
 #   jit              python3 benchmarks/bench_jit.py          (jit:ARGS likewise, e.g. 'jit:--repeats 3')
 #   check            sgljit check
 #   memcheck         compute-sanitizer --tool memcheck over every op's CUDA conformance cases (the
@@ -205,12 +205,12 @@ for step in "$@"; do
         grid:*)
             # A family's models grid over several calls: records in models_grid/FAMILY.json of the
             # results folder (--resume times only what it lacks: carry it back into the tree between
-            # calls); no case starts within 60 s of the step's limit, so the tables get written.
+            # calls); no case starts within 90 s of the step's limit, so the tables get written.
             fam="${step#grid:}"
             grid_dir="$(cd benchmarks && python3 -c 'import harness; print(harness.results_dir())')/models_grid"
             mkdir -p "$grid_dir"
             budget=()
-            [[ -n "$LIMIT" ]] && budget=(--budget "$((LIMIT - 60))")
+            [[ -n "$LIMIT" ]] && budget=(--budget "$((LIMIT - 90))")
             run_step "$step" python3 "benchmarks/bench_${fam}.py" --grid models --without torch --precompile 12 \
                 --rep 10 --json "$grid_dir/$fam.json" --resume --out "$grid_dir" "${budget[@]}"
             ;;
