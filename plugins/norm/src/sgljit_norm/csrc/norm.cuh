@@ -168,11 +168,10 @@ struct RowOffsets {
   int64_t in, out, res;
 };
 
-// kFlat: the caller knows s.inner == 1 (no division; it costs the many- and few-rows kernels a spill).
-template <bool kFlat, typename T, typename W>
+template <typename T, typename W>
 SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T, W>& s, int64_t row) {
   int64_t o = row, i = 0;
-  if (!kFlat && s.inner != 1) {
+  if (s.inner != 1) {
     o = row / s.inner;
     i = row - o * s.inner;
   }
@@ -208,7 +207,7 @@ SGLJIT_DEVICE T norm_out(float x, float inv_rms, float wf) {
 // ------------------------------------------------------------------------------------------------
 // Fast path
 // ------------------------------------------------------------------------------------------------
-template <typename T, typename W, int kH, int kTarget, int kBlock, bool kGemma, bool kFused, bool kRound, bool kFlat>
+template <typename T, typename W, int kH, int kTarget, int kBlock, bool kGemma, bool kFused, bool kRound>
 SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step, float eps, float* red) {
   using Cfg = RowConfig<T, kH, kTarget, W>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
@@ -252,7 +251,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
 #pragma unroll
     for (int i = 0; i < kR; ++i) {
       if (valid(i)) {
-        off[i] = row_offsets<kFlat>(s, row0 + i);
+        off[i] = row_offsets(s, row0 + i);
 #pragma unroll
         for (int j = 0; j < kVPT; ++j) {
           if (has(j)) {
@@ -334,7 +333,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
 // Prefetches into L2 the row(s) that row group `g` of set s works on first, one bulk request per row
 // from the group's first thread (see sgljit::prefetch_l2_bulk; the fast path's rows are contiguous
 // and 16-byte aligned), and the set's weight from its first group.
-template <typename T, typename W, int kH, int kTarget, int kBlock, bool kFused, bool kFlat>
+template <typename T, typename W, int kH, int kTarget, int kBlock, bool kFused>
 SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
   using Cfg = RowConfig<T, kH, kTarget>;
   constexpr int kTPR = Cfg::kThreads;
@@ -345,7 +344,7 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
 #pragma unroll
   for (int i = 0; i < Cfg::kRows; ++i) {
     if (row0 + i >= s.rows) return;
-    const RowOffsets o = row_offsets<kFlat>(s, row0 + i);
+    const RowOffsets o = row_offsets(s, row0 + i);
     sgljit::prefetch_l2_bulk(s.in + o.in, kRowBytes);
     if constexpr (kFused) sgljit::prefetch_l2_bulk(s.res + o.res, kRowBytes);
   }
@@ -353,25 +352,25 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
 
 // kThreadsPerSM: the resident threads per SM the register budget is sized for.
 template <typename T, typename W, int kBlock, bool kGemma, bool kFused, bool kRound, int kHA, int kHB, int kTarget,
-          int kThreadsPerSM, bool kFlat>
+          int kThreadsPerSM>
 __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
     norm_kernel(const RowSet<T, W> a, const RowSet<T, W> b, const int grid_a, const float eps,
                 const int prefetch_blocks) {
   __shared__ float red[2 * (kBlock / 32)];
   if (static_cast<int>(blockIdx.x) < prefetch_blocks) {
     if (static_cast<int>(blockIdx.x) < grid_a) {
-      prefetch_rows<T, W, kHA, kTarget, kBlock, kFused, kFlat>(a, blockIdx.x);
+      prefetch_rows<T, W, kHA, kTarget, kBlock, kFused>(a, blockIdx.x);
     } else if constexpr (kHB > 0) {
-      prefetch_rows<T, W, kHB, kTarget, kBlock, kFused, kFlat>(b, blockIdx.x - grid_a);
+      prefetch_rows<T, W, kHB, kTarget, kBlock, kFused>(b, blockIdx.x - grid_a);
     }
   }
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound, kFlat>(a, blockIdx.x, grid_a, eps, red);
+    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound>(a, blockIdx.x, grid_a, eps, red);
   } else {
     if constexpr (kHB > 0) {
-      norm_rows<T, W, kHB, kTarget, kBlock, kGemma, kFused, kRound, kFlat>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps,
+      norm_rows<T, W, kHB, kTarget, kBlock, kGemma, kFused, kRound>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps,
                                                                    red);
     }
   }
@@ -387,7 +386,7 @@ SGLJIT_DEVICE void norm_rows_generic(const RowSet<T, W>& s, int64_t h, int64_t f
   // again (each element is read and written by one thread).
   constexpr bool kSum = kFused && kRound;
   for (int64_t row = first; row < s.rows; row += step) {
-    const RowOffsets off = row_offsets<false>(s, row);
+    const RowOffsets off = row_offsets(s, row);
     float ss = 0.0f;
     for (int64_t c = threadIdx.x; c < h; c += blockDim.x) {
       float v = to_float(s.in[off.in + c]);
@@ -466,11 +465,11 @@ inline void split_grid(int64_t ga, int64_t gb, int64_t cap, int* grid_a, int* gr
 
 // The fast kernel over sets a and b (row groups of kTarget vectors per thread).
 template <typename T, typename W, int kHA, int kHB, bool kGemma, bool kFused, bool kRound, int kTarget,
-          int kThreadsPerSM, bool kFlat = false>
+          int kThreadsPerSM>
 void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float eps, DLDevice device,
                  const char* name) {
   constexpr int kBlock = kBlockThreads<T, kHA, kHB, kTarget>;
-  constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM, kFlat>;
+  constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM>;
   const int64_t ga = div_ceil<int64_t>(a.rows, RowConfig<T, kHA, kTarget>::rows_per_block(kBlock));
   int64_t gb = 0;
   if constexpr (kHB > 0) {
@@ -497,26 +496,14 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
     if (fast) {
       constexpr int kThreadsPerSM = kHB > 0 ? NormConfig::kThreadsPerSM * 3 / 4 : NormConfig::kThreadsPerSM;
       // Many rows of the widths the many-rows row groups are for (NormConfig::many_rows_width).
-#ifndef NORM_AB_FLAT
-#define NORM_AB_FLAT 0
-#endif
-#ifndef NORM_AB_MANY_TPSM
-#define NORM_AB_MANY_TPSM NormConfig::kManyPlainThreadsPerSM
-#endif
-#ifndef NORM_AB_MANY_FUSED_TPSM
-#define NORM_AB_MANY_FUSED_TPSM NormConfig::kManyFusedThreadsPerSM
-#endif
-      // NORM_AB_FLAT: the many- and few-rows kernels serve rows of one stride only (a.inner == 1), without
-      // row_offsets' division; NORM_AB_MANY_TPSM / NORM_AB_MANY_FUSED_TPSM: the many-rows register budgets.
-      constexpr bool kFlatAB = NORM_AB_FLAT;
-      const bool flat_ok = !kFlatAB || a.inner == 1;
-      constexpr int kManyThreadsPerSM = kFused ? NORM_AB_MANY_FUSED_TPSM : NORM_AB_MANY_TPSM;
+      constexpr int kManyThreadsPerSM =
+          kFused ? NormConfig::kManyFusedThreadsPerSM : NormConfig::kManyPlainThreadsPerSM;
       constexpr int kNumVec = RowConfig<T, kHA, 1>::kNumVec;
       constexpr bool kManyWidth = NormConfig::many_rows_width(kNumVec, kFused);
       using Many = RowConfig<T, kHA, kVecTarget<kFused, true>, W>;
       if constexpr (kHB == 0 && kManyWidth && Many::kWeightInRegs) {
-        if (a.rows >= NormConfig::kManyRows && flat_ok) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM, kFlatAB>(
+        if (a.rows >= NormConfig::kManyRows) {
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM>(
               a, b, has_b, eps, device, name);
           return;
         }
@@ -525,9 +512,8 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
       // 1024 threads of kFewVecs; wider ones would spill at that budget).
       if constexpr (!kFused && kHB == 0 && kNumVec > 32 * NormConfig::kVecsPerThread &&
                     kNumVec <= 1024 * NormConfig::kFewVecs && pow2_ceil(kNumVec) == kNumVec) {
-        if (a.rows < NormConfig::kFewRows && flat_ok) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM,
-                      kFlatAB>(
+        if (a.rows < NormConfig::kFewRows) {
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM>(
               a, b, has_b, eps, device, name);
           return;
         }
