@@ -146,7 +146,7 @@ def report(verdicts: list[Verdict], sources: list[str]) -> str:
         f"- runs: {', '.join(f'`{s}`' for s in sources)}",
         f"- win ≥ 1.00×; tie ≥ {MATCH_RATIO}× on two runs or more; behind otherwise, unless the "
         f"peer is within {AT_FLOOR_TOLERANCE:.0%} of the copy floor; calls moving more than 2× the "
-        f"L2 must reach {CEILING_SHARE:.0%} of the ceiling",
+        f"L2 must reach {CEILING_SHARE:.0%} of the ceiling unless sgljit is at the copy floor",
         "",
         "| family | op | cells | win | tie | tie, one run | behind at floor | behind | "
         f"< {CEILING_SHARE:.0%} of ceiling | of them sgljit at floor |",
