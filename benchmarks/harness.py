@@ -514,11 +514,12 @@ class Precompiler:
         self.calls = self.total = 0
         self.seconds = 0.0
 
-    def ahead(self, op: Op, cases: Sequence[Case]) -> None:
-        """Builds for cases[0], about to be timed, and the cases after it, unless done already."""
-        if not cases or (op.name, case_key(cases[0])) in self.built:
+    def ahead(self, op: Op, case: Case, todo: Sequence[Case]) -> None:
+        """Builds for ``case``, about to be timed, and the cases of ``todo`` (the op's cases this
+        run times, in order) after it, unless done already: the ones before it all were."""
+        if (op.name, case_key(case)) in self.built:
             return
-        chunk = [c for c in cases if (op.name, case_key(c)) not in self.built][: 2 * self.jobs]
+        chunk = [c for c in todo if (op.name, case_key(c)) not in self.built][: 2 * self.jobs]
         names = [p.name for p in _timed_providers(op, self.args)]
         keys = [case_key(c) for c in _series_first(chunk)]
         if self.pool is None:
@@ -583,8 +584,8 @@ def run_op(
         if deadline is not None and time.monotonic() > deadline:
             res.untimed.append(case)
             continue
-        if precompiler is not None:  # todo from this case on
-            precompiler.ahead(op, todo[next(i for i, c in enumerate(todo) if c is case) :])
+        if precompiler is not None:
+            precompiler.ahead(op, case, todo)
         print(f"[{op.name}] {case.label} ...", flush=True)
         case_started = time.monotonic()
         try:
