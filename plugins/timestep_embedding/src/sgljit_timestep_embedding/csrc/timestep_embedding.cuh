@@ -59,11 +59,7 @@ inline constexpr int kMaxTableColumns = 8192;  // flat kernel: per-block table o
 // Batches of at most this many rows take the rows kernel with one column per thread: each thread
 // then computes one fp64 exp before the wait instead of V (a 16-byte vector's worth), which is what
 // a single timestep's latency is made of.
-#ifdef TS_AB_SMALL_BATCH  // A/B experiment (reverted next): the row limit of one column a thread
-inline constexpr int kSmallBatch = TS_AB_SMALL_BATCH;
-#else
 inline constexpr int kSmallBatch = 4;
-#endif
 
 // Waits for the previous kernel (PDL), after the frequencies: no global memory access happens before.
 SGLJIT_DEVICE void wait_after_freq() {
