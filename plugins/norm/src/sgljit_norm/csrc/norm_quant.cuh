@@ -61,18 +61,10 @@ using tvm::ffi::TensorView;
 struct NormQuantConfig {
   // 16-byte vectors of a row a thread aims to hold (the fused add: of each of its two rows, input and
   // residual, so half as many): as rmsnorm's row groups.
-#ifdef NQ_AB_TARGET  // A/B experiment (reverted next): the plain forms' vectors a thread
-  static constexpr int kVecsPerThread = NQ_AB_TARGET;
-#else
   static constexpr int kVecsPerThread = 4;
-#endif
   static constexpr int kFusedVecsPerThread = 2;
   // Resident threads per SM the register budget (__launch_bounds__) is sized for: 64 registers.
-#ifdef NQ_AB_TPSM  // A/B experiment (reverted next): the register budget's threads per SM
-  static constexpr int kThreadsPerSM = NQ_AB_TPSM;
-#else
   static constexpr int kThreadsPerSM = 1024;
-#endif
   // Grids of at most this many blocks per SM prefetch into L2 before the PDL wait; in larger grids the
   // prefetches compete with the previous kernel's loads.
   static constexpr int kPrefetchBlocksPerSM = 1;
@@ -203,13 +195,8 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
 
-#ifdef NQ_AB_WEIGHT_L1  // A/B experiment (reverted next): the plain forms read the weight from L1 in each pass
-  constexpr bool kWeightInRegs = kFused && Shape::kWeightInRegs;
-#else
-  constexpr bool kWeightInRegs = Shape::kWeightInRegs;
-#endif
-  WV w[kWeightInRegs ? kVPT : 1];
-  if constexpr (kWeightInRegs) {
+  WV w[Shape::kWeightInRegs ? kVPT : 1];
+  if constexpr (Shape::kWeightInRegs) {
 #pragma unroll
     for (int j = 0; j < kVPT; ++j) {
       if (has(j)) w[j].load(a.weight + col(j));
@@ -257,7 +244,7 @@ __global__ void __launch_bounds__(RowShape<T, kH, kTarget, W>::kBlock,
     const float inv_rms = rsqrtf(ss / static_cast<float>(kH) + a.eps);
 
     auto weight = [&](int j) {
-      if constexpr (kWeightInRegs) {
+      if constexpr (Shape::kWeightInRegs) {
         return w[j];
       } else {
         WV wv;
