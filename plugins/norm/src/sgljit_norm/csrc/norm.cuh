@@ -52,11 +52,7 @@ using sgljit::to_float;
 // ------------------------------------------------------------------------------------------------
 struct NormConfig {
   // 16-byte vectors of a row a thread holds (the fused add: half as many of each of its two rows).
-#ifdef NORM_AB_TARGET  // A/B experiment (reverted next): the vectors a thread aims at
-  static constexpr int kVecsPerThread = NORM_AB_TARGET;
-#else
   static constexpr int kVecsPerThread = 4;
-#endif
   // Largest row on the fast path (1024 threads x 4 vectors): bf16/fp16 32768 elements, fp32 16384;
   // norm_quant.cuh's too; ops.py's _MAX_VECS_PER_ROW mirrors it.
   static constexpr int kMaxVecsPerRow = 4096;
