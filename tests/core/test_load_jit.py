@@ -126,6 +126,7 @@ def load_matcher():
             ("writable3", "MatchWritable3::run"),
             ("check_lazily", "CheckLazily::run"),
             ("same_or", "MatchSameOr::run"),
+            ("unshared", "CheckUnshared::run"),
         ],
         source_dir=KERNELS,
     )
@@ -272,6 +273,54 @@ def test_writable_agrees_with_the_python_rule(cache_dir):
                 m.writable3(t)
         else:
             m.writable3(t)
+
+
+def test_check_unshared_agrees_with_the_python_rule(cache_dir):
+    """Over random strided views of one buffer, of two element sizes, the C++ check_unshared refuses
+    exactly the pairs op.shares_memory says may share bytes, and never a pair that shares no
+    element (counted by writing one and reading the other); one view of a declared alias passes."""
+    from sgljit.op import shares_memory
+
+    m, rng = load_matcher(), random.Random(1)
+    base = torch.zeros(2048, dtype=torch.float32)
+
+    def view(dtype):
+        flat = base.view(dtype)
+        shape = [rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.choice([1, 2, 3]))]
+        strides = [rng.choice([0, 1, 2, 3, 4, 6, 8, 12, 24, 48, 64]) for _ in shape]
+        offset = rng.choice([0, 1, 2, 3, 4, 8, 13, 100])
+        return flat.as_strided(shape, strides, offset)
+
+    seen = {True: 0, False: 0}
+    for _ in range(1500):
+        a, b = view(rng.choice([torch.float32, torch.int16])), view(torch.float32)
+        shared = shares_memory(a, b)
+        seen[shared] += 1
+        if shared:
+            with pytest.raises(ValueError, match=r"^b: shares memory with a, which sgljit reads"):
+                m.unshared(a, b, False, False)
+        else:
+            m.unshared(a, b, False, False)
+            bytes_b = {b.data_ptr() + i for i in _element_bytes(b)}
+            assert not bytes_b & {a.data_ptr() + i for i in _element_bytes(a)}, (
+                a.stride(),
+                b.stride(),
+            )
+    assert seen[True] > 100 and seen[False] > 100, seen
+    x = torch.zeros(4, 8)
+    m.unshared(x, x, False, True)  # one view: in place where the op declares it
+    with pytest.raises(ValueError, match=r"^b: shares memory with a, which sgljit also writes"):
+        m.unshared(x, x, True, False)
+    with pytest.raises(ValueError, match=r"^b: shares memory with a"):
+        m.unshared(x, x[:, :4], False, True)  # an alias must be the very same view
+
+
+def _element_bytes(t: torch.Tensor) -> set[int]:
+    """Offsets from t's first byte of every byte of its elements."""
+    idx = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        idx = (idx.unsqueeze(-1) + torch.arange(size) * stride * t.element_size()).flatten()
+    return {int(i) + k for i in idx.tolist() for k in range(t.element_size())}
 
 
 def test_fresh_process_reuses_cache_without_compiling(cache_dir):

@@ -371,27 +371,41 @@ def test_generated_eager_path_keeps_every_check():
 
 
 def test_written_tensors_must_not_share_memory():
-    """Two outputs of one call sharing memory would race: refused when their ranges meet and both
-    are contiguous or both start at one address (Python here, the same rule in the generated C++);
-    strided views that interleave (heads of one qkv buffer) are accepted."""
+    """A written tensor sharing memory with another argument would race with the kernels' reads and
+    writes: refused, naming the later tensor where it is written (else the earlier), on every
+    backend (Python here, the same rule in the generated C++). Views that share no element (heads
+    of one qkv buffer, columns of one buffer) are accepted, and so is the one view a written tensor
+    declares as its alias (in place)."""
     op = family.op(
         "test_op_two_outs",
         args={
-            "input": Tensor("n"),
-            "a": Tensor("n", dtype="input", layout="strided", io="out"),
+            "input": Tensor("n", layout="strided"),
+            "a": Tensor("n", dtype="input", layout="strided", io="out", alias="input"),
             "b": Tensor("n", dtype="input", layout="strided", io="out"),
         },
-        reference=lambda input, a, b: (a.copy_(input), b.copy_(input)),
+        reference=lambda input, a, b: (a.copy_(input.clone()), b.copy_(input)),
         cuda=Cuda("k.cuh", "K::run", key=lambda input, *_: (input.dtype,), params=()),
     )
     x, buf = torch.randn(4), torch.empty(12)
     op(x, buf[:4], buf[4:8])  # adjacent, disjoint
-    with pytest.raises(ValueError, match=r"^b: shares memory with a \(sgljit writes both\)"):
+    with pytest.raises(ValueError, match=r"^b: shares memory with a, which sgljit also writes"):
         op(x, buf[:4], buf[2:6])
     pairs = buf.view(4, 3)  # columns: strided, interleaved ranges, distinct elements
     op(x, pairs[:, 0], pairs[:, 1])
     torch.testing.assert_close(pairs[:, 1], x)
-    with pytest.raises(ValueError, match=r"^b: shares memory with a \(sgljit writes both\)"):
+    with pytest.raises(ValueError, match=r"^b: shares memory with a, which sgljit also writes"):
         op(x, pairs[:, 1], pairs[:, 1])  # one strided view passed twice
+    with pytest.raises(ValueError, match=r"^b: shares memory with input, which sgljit reads"):
+        op(buf[:4], buf[8:], buf[1:5])  # a read tensor shifted by one
+    column = torch.empty(5, 3)[:, 0]  # strided: a shifted by one element of it overlaps it
+    with pytest.raises(ValueError, match=r"^a: shares memory with input, which sgljit reads"):
+        op(column[:4], column[1:], buf[8:])
+    y = torch.randn(4)
+    op(y, y, buf[:4])  # a is declared an alias of input: in place
+    with pytest.raises(ValueError, match=r"^a: shares memory with input, which sgljit reads"):
+        op(buf[:4], buf[1:5], buf[8:])  # ... but only as the very same view
     cpp = op.cpp_checks("f", "K::run")
-    assert 'check_disjoint(a, "a", b, "b");' in cpp
+    assert "const ByteSpan span_input = byte_span(input), span_a = byte_span(a)" in cpp
+    assert 'check_unshared(a, span_a, "a", input, span_input, "input", false, true);' in cpp
+    assert 'check_unshared(b, span_b, "b", input, span_input, "input", false, false);' in cpp
+    assert 'check_unshared(b, span_b, "b", a, span_a, "a", true, false);' in cpp

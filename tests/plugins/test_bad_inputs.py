@@ -1,7 +1,8 @@
 """What no kernel can check for itself, on every backend and op: a written tensor whose elements
-share memory (an expanded view: concurrent writes race and the result is garbage), or one strided
-view passed as two written arguments, is refused, naming the argument; a tensor that requires grad
-is refused by the kernels (they have no backward) and accepted by the reference."""
+share memory (an expanded view: concurrent writes race and the result is garbage), one strided
+view passed as two written arguments, or a written tensor over one the op reads, is refused,
+naming the argument; a tensor that requires grad is refused by the kernels (they have no
+backward) and accepted by the reference."""
 
 from __future__ import annotations
 
@@ -137,6 +138,70 @@ PASSED_TWICE = {
 REFUSED_WRITES = {**OVERLAPPING, **PASSED_TWICE}
 
 
+def _fp8_bytes_of(x: torch.Tensor) -> torch.Tensor:
+    """An fp8 tensor of x's shape over x's first bytes (x: float32, contiguous)."""
+    return x.view(-1).view(torch.float8_e4m3fn)[: x.numel()].view(x.shape)
+
+
+def _rmsnorm_out_shifted(dev):
+    buf = torch.randn(T + 1, H, device=dev)
+    sgljit.ops.rmsnorm(buf[1:], torch.randn(H, device=dev), out=buf[:-1])
+
+
+def _fused_add_weight_in_residual(dev):
+    residual = torch.randn(T, H, device=dev)
+    sgljit.ops.fused_add_rmsnorm(torch.randn(T, H, device=dev), residual, residual[1])
+
+
+def _per_tensor_out_over_input(dev):
+    x = torch.randn(T, H, device=dev)
+    sgljit.ops.per_tensor_quant_fp8(x, torch.ones(1, device=dev), out=_fp8_bytes_of(x))
+
+
+def _per_token_out_over_input(dev):
+    x = torch.randn(T, H, device=dev)
+    sgljit.ops.per_token_quant_fp8(x, out=_fp8_bytes_of(x))
+
+
+def _group_out_over_input(dev):
+    x = torch.randn(T, H, device=dev)
+    sgljit.ops.per_token_group_quant_fp8(x, H, out=_fp8_bytes_of(x))
+
+
+def _timestep_t_in_out(dev):
+    buf = torch.rand(T * H, device=dev) * 1000
+    sgljit.ops.timestep_embedding(buf[:T], H, out=buf.view(T, H))
+
+
+def _kv_k_in_k_cache(dev):
+    (q, _), cache, index = qk(dev), torch.randn(T, 1, D, device=dev), torch.arange(T, device=dev)
+    k = cache[:, :1]
+    sgljit.ops.apply_rope_with_kv_cache(
+        q, k, torch.randn(T, 1, D, device=dev), cache, torch.randn(T, 1, D, device=dev),
+        rope_cache(dev), index, index.flip(0),
+    )  # fmt: skip
+
+
+def _qknorm_rope_cache_in_q(dev):
+    q, k = qk(dev)
+    w = torch.ones(D, device=dev)
+    sgljit.ops.qknorm_rope(q, k, w, w, q.view(-1, D), torch.arange(T, device=dev))
+
+
+# (op call where a written tensor shares memory with one the op reads, the name the error gives,
+# the other's name): the kernels would read what they are writing.
+SHARED_WITH_READ = {
+    "rmsnorm out shifted over input": (_rmsnorm_out_shifted, "out", "input"),
+    "fused_add_rmsnorm weight in residual": (_fused_add_weight_in_residual, "residual", "weight"),
+    "per_tensor_quant_fp8 out over input": (_per_tensor_out_over_input, "out", "input"),
+    "per_token_quant_fp8 out over input": (_per_token_out_over_input, "out", "input"),
+    "per_token_group_quant_fp8 out over input": (_group_out_over_input, "out", "input"),
+    "timestep_embedding t in out": (_timestep_t_in_out, "out", "t"),
+    "apply_rope_with_kv_cache k in k_cache": (_kv_k_in_k_cache, "k_cache", "k"),
+    "qknorm_rope cos_sin_cache in q": (_qknorm_rope_cache_in_q, "q", "cos_sin_cache"),
+}
+
+
 def backend_device(backend: str) -> tuple[str, object]:
     return ("cuda" if backend == "cuda" else "cpu"), sgljit.use_backend(backend)
 
@@ -147,6 +212,16 @@ def test_a_written_tensor_whose_elements_overlap_is_refused(backend, case):
     call, name = REFUSED_WRITES[case]
     device, ctx = backend_device(backend)
     message = rf"^{name}: shares memory with " if case in PASSED_TWICE else rf"^{name}: "
+    with ctx, pytest.raises(ValueError, match=message):
+        call(device)
+
+
+@pytest.mark.parametrize("case", sorted(SHARED_WITH_READ))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_written_tensor_sharing_memory_with_a_read_one_is_refused(backend, case):
+    call, name, other = SHARED_WITH_READ[case]
+    device, ctx = backend_device(backend)
+    message = rf"^{name}: shares memory with {other}, which sgljit reads; pass a tensor of its own"
     with ctx, pytest.raises(ValueError, match=message):
         call(device)
 

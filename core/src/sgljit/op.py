@@ -70,19 +70,24 @@ class Tensor:
     stride in the last dimension, any other strides), ``"contiguous"`` or ``"strided"``. ``io``:
     ``"in"`` (read), ``"out"`` (every element written, none read), ``"inout"`` (updated in
     place) or ``"scratch"`` (a workspace the kernels write and read back: its contents before and
-    after a call mean nothing, so no check compares them); written tensors must not have elements
-    that share memory."""
+    after a call mean nothing, so no check compares them). A written tensor's elements must not
+    share memory with each other, nor with another argument (the kernels would read or write it
+    while writing this one); ``alias`` names the one argument it may instead be, the very same view
+    (an op that also runs in place, such as rmsnorm's ``out=input``)."""
 
     shape: tuple[str | int | None, ...]
     dtype: tuple[torch.dtype | str, ...] | str = FLOATS
     layout: str = "rows"
     io: str = "in"
+    alias: str | None = None
 
-    def __init__(self, *shape, dtype=FLOATS, layout="rows", io="in"):
+    def __init__(self, *shape, dtype=FLOATS, layout="rows", io="in", alias=None):
         if layout not in LAYOUTS or io not in IO:
             raise ValueError(f"Tensor: layout must be one of {LAYOUTS} and io one of {IO}")
         if not shape:
             raise ValueError("Tensor: give at least one dimension (a 0-d tensor is shape (1,))")
+        if alias is not None and io == "in":
+            raise ValueError(f"Tensor: alias={alias!r} is for a tensor the op writes, not io='in'")
         dtype = dtype if isinstance(dtype, str) else tuple(dtype)
         if not isinstance(dtype, str) and sum(isinstance(d, str) for d in dtype) > 1:
             raise ValueError(f"Tensor: dtype names at most one tensor, got {dtype}")
@@ -90,6 +95,7 @@ class Tensor:
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "layout", layout)
         object.__setattr__(self, "io", io)
+        object.__setattr__(self, "alias", alias)
 
     @property
     def written(self) -> bool:
@@ -215,6 +221,9 @@ class Op:
                 raise ValueError(
                     f"op {name!r}: {n}'s dtype refers to {ref!r}, not an earlier tensor"
                 )
+        for n, a in args.items():
+            if isinstance(a, Tensor) and a.alias is not None and a.alias not in tensors:
+                raise ValueError(f"op {name!r}: {n}'s alias {a.alias!r} is not a tensor argument")
         self.family, self.name = family, name
         self.args = dict(args)
         self.params = tuple(args)
@@ -235,6 +244,14 @@ class Op:
             return_annotation=None,
         )
         self._tensor_index = tuple((i, n) for i, n in enumerate(self.params) if n in tensors)
+        # Each pair of tensor arguments of which one is written: ((positions), the one an error
+        # names, the other, whether the other is written, whether one may be the other's view).
+        self._unshared = tuple(
+            _unshared_pair(args, first, second)
+            for k, second in enumerate(self._tensor_index)
+            for first in self._tensor_index[:k]
+            if args[first[1]].written or args[second[1]].written
+        )
         self._arity = len(self.params)
         # tvm-ffi turns 1 into True: bool arguments are checked before a CUDA call, as elsewhere
         self._bools = tuple(
@@ -372,16 +389,10 @@ class Op:
                     f"{name}: expected a tensor on {device} (same as the tensors before it), "
                     f"got one on {value.device}"
                 )
-        written = [(n, args[i]) for i, n in self._tensor_index if self.args[n].written]
-        for i, (a_name, a) in enumerate(written):
-            for b_name, b in written[i + 1 :]:
-                if _share_memory(a, b) and (
-                    a.data_ptr() == b.data_ptr() or (a.is_contiguous() and b.is_contiguous())
-                ):
-                    raise ValueError(
-                        f"{b_name}: shares memory with {a_name} (sgljit writes both); "
-                        "pass separate tensors"
-                    )
+        for (i, j), name, other, other_written, alias in self._unshared:
+            a, b = args[i], args[j]
+            if shares_memory(a, b) and not (alias and _same_view(a, b)):
+                raise ValueError(_shared_message(name, other, other_written))
 
     # -- modules ---------------------------------------------------------------------------------
     def _cuda_miss(self, args: tuple):
@@ -449,9 +460,14 @@ class Op:
                 m += ".writable()"
             lines.append(f'  {m}.verify({name}, "{name}");')
             first = False
-        for i, a in enumerate(self.writes):
-            for b in self.writes[i + 1 :]:
-                lines.append(f'  check_disjoint({a}, "{a}", {b}, "{b}");')
+        if self._unshared:
+            spans = ", ".join(f"span_{n} = byte_span({n})" for _, n in self._tensor_index)
+            lines.append(f"  const ByteSpan {spans};")
+        for _, name, other, other_written, alias in self._unshared:
+            lines.append(
+                f'  check_unshared({name}, span_{name}, "{name}", {other}, span_{other}, "{other}", '
+                f"{str(other_written).lower()}, {str(alias).lower()});"
+            )
         call = ", ".join(self.params)
         body = "\n".join(lines)
         return f"inline void {function}({', '.join(params)}) {{\n{body}\n  {target}({call});\n}}\n"
@@ -623,17 +639,72 @@ def as_rows(t: Any, name: str, written: bool = False) -> Any:
         ) from None
 
 
-def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the byte ranges of two non-empty tensors meet (the C++ check_disjoint's rule)."""
+def _byte_dims(t: torch.Tensor) -> list[tuple[int, int]]:
+    """The dimensions along which t's elements move, as (stride, size) in bytes, outermost first."""
+    item = t.element_size()
+    return sorted(
+        ((st * item, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1 and st != 0),
+        reverse=True,
+    )
 
-    def byte_range(t):
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
+def _may_meet(oa: int, a: list, ea: int, ob: int, b: list, eb: int) -> bool:
+    """Whether elements of a (dimensions ``a``, elements of ``ea`` bytes, the first at byte ``oa``)
+    and of b may share a byte (sgljit/tensor.h's detail::may_meet, the same rule)."""
+    fa = ea + sum((n - 1) * s for s, n in a)
+    fb = eb + sum((n - 1) * s for s, n in b)
+    if oa + fa <= ob or ob + fb <= oa:
+        return False
+    if not a or not b or a[0][0] != b[0][0]:
+        return True
+    (s, na), (_, nb) = a[0], b[0]
+    ia, ib = fa - (na - 1) * s, fb - (nb - 1) * s  # the footprint of one step
+    if ia > s or ib > s:
+        return True
+    gap = ob - oa  # b's step j can meet a's step i only where -ib < gap + (j - i) * s < ia
+    lo = max(-(na - 1), (-ib - gap) // s + 1)
+    hi = min(nb - 1, -((gap - ia) // s) - 1)
+    return any(_may_meet(0, a[1:], ea, gap + k * s, b[1:], eb) for k in range(lo, hi + 1))
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may have bytes of an element in common (sgljit/tensor.h's
+    ``shares_memory``, the same rule): False where their byte ranges do not meet, or where, step by
+    common outermost stride, each one's elements sit in the gaps between the other's (column slices
+    of one buffer, heads of one qkv buffer); True otherwise. False is always right.
+
+    >>> buf = torch.zeros(4, 12)
+    >>> shares_memory(buf[:, :4], buf[:, 4:]), shares_memory(buf[1:], buf[:-1])
+    (False, True)
+    """
     if a.numel() == 0 or b.numel() == 0:
         return False
-    (a_lo, a_hi), (b_lo, b_hi) = byte_range(a), byte_range(b)
-    return a_lo < b_hi and b_lo < a_hi
+    return _may_meet(
+        a.data_ptr(), _byte_dims(a), a.element_size(), b.data_ptr(), _byte_dims(b), b.element_size()
+    )
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
+
+
+def _unshared_pair(args: Mapping[str, Any], first: tuple[int, str], second: tuple[int, str]):
+    """One entry of Op._unshared: the error names the later tensor where it is written, else the
+    earlier one."""
+    (i, a), (j, b) = first, second
+    name, other = (b, a) if args[b].written else (a, b)
+    alias = args[a].alias == b or args[b].alias == a
+    return (i, j), name, other, args[other].written, alias
+
+
+def _shared_message(name: str, other: str, other_written: bool) -> str:
+    use = "also writes" if other_written else "reads"
+    return f"{name}: shares memory with {other}, which sgljit {use}; pass a tensor of its own"
 
 
 def may_overlap(t: torch.Tensor) -> bool:

@@ -92,3 +92,12 @@ struct CheckLazily {
     return built;
   }
 };
+
+// check_unshared over two tensors: `b` is written, `a` read (or also written when a_written);
+// `alias`: they may be one view.
+struct CheckUnshared {
+  static void run(tvm::ffi::TensorView a, tvm::ffi::TensorView b, bool a_written, bool alias) {
+    using namespace sgljit;
+    check_unshared(b, byte_span(b), "b", a, byte_span(a), "a", a_written, alias);
+  }
+};

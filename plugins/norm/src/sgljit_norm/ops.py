@@ -321,7 +321,7 @@ def _row_args(fused: bool, rounding: bool, batched: bool) -> dict:
         args = {
             "input": Tensor(*rows),
             "weight": Tensor("hidden", dtype=_WEIGHT_DTYPES, layout="contiguous"),
-            "out": Tensor(*rows, dtype="input", io="out"),
+            "out": Tensor(*rows, dtype="input", io="out", alias="input"),  # in place: out=input
             "eps": Scalar(float, min=0.0),
         }
     if rounding:
@@ -470,44 +470,6 @@ def _quant_sycl_key(input, out, *read) -> dict:
     return {**_sycl_key(input.dtype, hidden, vec, read[-1].dtype), "NQ_FP8": out.dtype}
 
 
-def _span(t: torch.Tensor) -> tuple | None:
-    """(first byte, end, row stride, row bytes, rows) of t's elements (sgljit/tensor.h byte_span)."""
-    if t.numel() == 0:
-        return None
-    item = t.element_size()
-    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-    begin = t.data_ptr()
-    if t.dim() == 2:
-        return begin, begin + (last + 1) * item, t.stride(0) * item, t.shape[1] * item, t.shape[0]
-    return begin, begin + (last + 1) * item, 0, (last + 1) * item, 1
-
-
-def _may_share(a: tuple | None, b: tuple | None) -> bool:
-    """Whether two spans may share bytes: they meet, unless both are rows of one stride that sit
-    side by side in each row (sgljit/tensor.h may_share)."""
-    if a is None or b is None or a[1] <= b[0] or b[1] <= a[0]:
-        return False
-    if a[4] > 1 and b[4] > 1 and a[2] == b[2] and a[2] > 0:
-        d = (b[0] - a[0]) % a[2]
-        return not (d >= a[3] and d + b[3] <= a[2])
-    return True
-
-
-def _check_disjoint(op_args: dict, args: tuple) -> None:
-    """A written tensor must not share memory with another argument; each pair is checked in
-    signature order and the error names the later written one (as the CUDA entry points do)."""
-    names = list(op_args)
-    spans = [_span(a) if isinstance(a, torch.Tensor) else None for a in args]
-    for j, later in enumerate(names):
-        for i in range(j):
-            wi, wj = (
-                isinstance(op_args[n], Tensor) and op_args[n].written for n in (names[i], later)
-            )
-            if (wi or wj) and _may_share(spans[i], spans[j]):
-                name, other = (later, names[i]) if wj else (names[i], later)
-                raise ValueError(f"{name}: shares memory with {other}; pass a tensor of its own")
-
-
 def _quant_launch(name: str, fused: bool, dynamic: bool):
     """The SYCL launch of a quant op: arguments (tensors..., eps) in the op's order, then the row
     strides of input, [residual,] out."""
@@ -600,22 +562,11 @@ def _quant_op(name: str, ref, *, fused: bool, dynamic: bool):
     out_index, weight_index = list(args).index("out"), list(args).index("weight")
     read = [list(args).index(n) for n in ("input", "residual", "weight") if n in args]
 
-    def checked_reference(*a):
-        _check_disjoint(args, a)
-        ref(*a)
-
-    launch = _quant_launch(name, fused, dynamic)
-
-    def checked_launch(module, key, *a):
-        _check_disjoint(args, a)
-        launch(module, key, *a)
-
     entry = ("fused_" if fused else "rmsnorm_") + ("per_token" if dynamic else "static")
     return family.op(
         name,
         args=args,
-        reference=checked_reference,
-        doc=ref.__doc__,
+        reference=ref,
         cuda=Cuda(
             "csrc/norm_quant.cuh",
             f"sgljit_norm_quant::NormQuantFp8<{{dtype}}, {{weight}}, {{fp8_dtype}}, {{width}}>::{entry}",
@@ -626,7 +577,7 @@ def _quant_op(name: str, ref, *, fused: bool, dynamic: bool):
         sycl=Sycl(
             "sycl/norm_quant.hpp",
             key=lambda *a: _quant_sycl_key(a[0], a[out_index], *(a[i] for i in read)),
-            launch=checked_launch,
+            launch=_quant_launch(name, fused, dynamic),
             module="quant",
         ),
         # One entry per width builds the module the four ops share.

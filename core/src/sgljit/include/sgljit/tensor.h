@@ -20,6 +20,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/dtype.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -446,11 +447,12 @@ class TensorMatcher {
   std::optional<DLDeviceType> device_type_;
 };
 
-// The bytes [begin, end) a tensor's elements lie in (empty: begin == end) and, for a 2-D tensor, its
-// rows (in bytes: stride and width; 0 and the whole span otherwise): what overlap checks compare.
+// ------------------------------------------------------------------------------------------------
+// Arguments that share memory (core/src/sgljit/op.py's shares_memory and check_arguments: the same rule)
+// ------------------------------------------------------------------------------------------------
+// The bytes [begin, end) a tensor's elements lie in (begin == end: no elements).
 struct ByteSpan {
   uintptr_t begin, end;
-  int64_t row_stride, row_bytes, rows;
 };
 
 inline ByteSpan byte_span(const TensorView& t) {
@@ -458,40 +460,95 @@ inline ByteSpan byte_span(const TensorView& t) {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
   int64_t last = 0;
   for (int i = 0; i < t.ndim(); ++i) {
-    if (t.size(i) == 0) return {begin, begin, 0, 0, 0};
+    if (t.size(i) == 0) return {begin, begin};
     last += (t.size(i) - 1) * t.stride(i);
   }
-  const int64_t rows = t.ndim() == 2 ? t.size(0) : 1;
-  const int64_t row_bytes = t.ndim() == 2 ? t.size(1) * item : (last + 1) * item;
-  return {begin, begin + static_cast<uintptr_t>((last + 1) * item), t.ndim() == 2 ? t.stride(0) * item : 0, row_bytes,
-          rows};
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * item)};
 }
 
-// Whether two non-empty spans meet.
-inline bool spans_meet(const ByteSpan& a, const ByteSpan& b) {
-  return a.begin != a.end && b.begin != b.end && a.begin < b.end && b.begin < a.end;
-}
+namespace detail {
 
-// Whether two tensors' spans may share bytes: they meet, unless both are rows of one stride that sit
-// side by side in each row (e.g. two column slices of one buffer).
-inline bool may_share(const ByteSpan& a, const ByteSpan& b) {
-  if (!spans_meet(a, b)) return false;
-  if (a.rows > 1 && b.rows > 1 && a.row_stride == b.row_stride && a.row_stride > 0) {
-    const int64_t s = a.row_stride;
-    const int64_t d = ((static_cast<int64_t>(b.begin - a.begin) % s) + s) % s;  // b's row start within a's row period
-    return !(d >= a.row_bytes && d + b.row_bytes <= s);
+// The dimensions along which a tensor's elements move (size > 1, stride != 0), in bytes, outermost
+// (largest stride) first; `item`: an element's bytes.
+struct ByteDims {
+  int n = 0;
+  int64_t stride[DimList::kMaxDims], size[DimList::kMaxDims];
+  int64_t item = 0;
+  // Bytes from the first element's start to the last one's end, over dimensions [from, n).
+  int64_t extent(int from) const {
+    int64_t e = item;
+    for (int i = from; i < n; ++i) e += (size[i] - 1) * stride[i];
+    return e;
+  }
+};
+
+// False where t has more moving dimensions than ByteDims holds.
+inline bool byte_dims(const TensorView& t, ByteDims* d) {
+  d->item = (t.dtype().bits * t.dtype().lanes + 7) / 8;
+  for (int i = 0; i < t.ndim(); ++i) {
+    const int64_t size = t.size(i), stride = t.stride(i) * d->item;
+    if (size == 1 || stride == 0) continue;
+    if (d->n == static_cast<int>(DimList::kMaxDims)) return false;
+    int j = d->n++;  // insertion sort, largest stride first
+    for (; j > 0 && d->stride[j - 1] < stride; --j) {
+      d->stride[j] = d->stride[j - 1];
+      d->size[j] = d->size[j - 1];
+    }
+    d->stride[j] = stride;
+    d->size[j] = size;
   }
   return true;
 }
 
-// Two tensors one call writes must not share memory (the kernels' writes would race). Refused when
-// their byte ranges meet and both are contiguous or both start at one address (one view passed
-// twice); ranges of strided views may interleave without sharing an element (q and k heads of one
-// qkv buffer), so those are accepted.
-inline void check_disjoint(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
-  if (!spans_meet(byte_span(a), byte_span(b))) return;
-  SGLJIT_CHECK(!(a.IsContiguous() && b.IsContiguous()) && a.data_ptr() != b.data_ptr(), b_name,
-               ": shares memory with ", a_name, " (sgljit writes both); pass separate tensors");
+inline int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+// Whether elements of a (dimensions [ia, a.n), first byte at oa) and of b (the same from ib, ob) may
+// share a byte. False only where they cannot: their ranges do not meet, or both step by one outermost
+// stride s, each step's footprint fits in s, and for each of the (at most two) step distances k at
+// which two footprints meet, the footprints one level down do not.
+inline bool may_meet(int64_t oa, const ByteDims& a, int ia, int64_t ob, const ByteDims& b, int ib) {
+  const int64_t fa = a.extent(ia), fb = b.extent(ib);
+  if (oa + fa <= ob || ob + fb <= oa) return false;
+  if (ia == a.n || ib == b.n || a.stride[ia] != b.stride[ib]) return true;
+  const int64_t s = a.stride[ia], step_a = a.extent(ia + 1), step_b = b.extent(ib + 1);
+  if (step_a > s || step_b > s) return true;
+  const int64_t gap = ob - oa;  // b's step j can meet a's step i only where -step_b < gap + (j - i) s < step_a
+  const int64_t lo = std::max(-(a.size[ia] - 1), floor_div(-step_b - gap, s) + 1);
+  const int64_t hi = std::min(b.size[ib] - 1, -floor_div(gap - step_a, s) - 1);
+  for (int64_t k = lo; k <= hi; ++k) {
+    if (may_meet(0, a, ia + 1, gap + k * s, b, ib + 1)) return true;
+  }
+  return false;
+}
+
+}  // namespace detail
+
+// Whether two tensors (and their byte_spans) may have bytes of an element in common: never where the
+// spans do not meet, nor where, step by common outermost stride, each one's elements sit in the gaps
+// between the other's (column slices of one buffer, heads of one qkv buffer); otherwise they may.
+inline bool shares_memory(const TensorView& a, const ByteSpan& sa, const TensorView& b, const ByteSpan& sb) {
+  if (sa.begin == sa.end || sb.begin == sb.end || sa.end <= sb.begin || sb.end <= sa.begin) return false;
+  detail::ByteDims da, db;
+  if (!detail::byte_dims(a, &da) || !detail::byte_dims(b, &db)) return true;
+  return detail::may_meet(0, da, 0, static_cast<int64_t>(sb.begin - sa.begin), db, 0);
+}
+
+// Whether a and b are one view: the same address, dtype, shape and strides.
+inline bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data_ptr() != b.data_ptr() || !same_dtype(a.dtype(), b.dtype()) || a.ndim() != b.ndim()) return false;
+  for (int i = 0; i < a.ndim(); ++i) {
+    if (a.size(i) != b.size(i) || a.stride(i) != b.stride(i)) return false;
+  }
+  return true;
+}
+
+// A tensor an op writes (`t`, or `other` where other_written) must share no memory with another
+// argument: the kernels would read or write it while writing this one. `alias`: the two may be one
+// view (an op that also runs in place). The error names t.
+inline void check_unshared(const TensorView& t, const ByteSpan& st, const char* name, const TensorView& other,
+                           const ByteSpan& so, const char* other_name, bool other_written, bool alias) {
+  SGLJIT_CHECK(!shares_memory(t, st, other, so) || (alias && same_view(t, other)), name, ": shares memory with ",
+               other_name, ", which sgljit ", other_written ? "also writes" : "reads", "; pass a tensor of its own");
 }
 
 // A module compiled for one element type refuses a tensor of another: "<name>: this module was
