@@ -375,6 +375,10 @@ def test_scales_written_into_the_callers_tensors(backend):
     want, ws = reference.per_tensor_quant_fp8(x)
     assert s is buf and torch.equal(s, ws)
     assert_fp8_equal(got, want, exact_nan=dev == "cuda")
+    scalar = torch.tensor(float("nan"), device=dev)  # a 0-d scale_out, as a given scale may be
+    got, s = _run(backend, sgljit.ops.per_tensor_quant_fp8, x, scale_out=scalar)
+    assert s is scalar and s.dim() == 0 and torch.equal(s.view(1), ws)
+    assert_fp8_equal(got, want, exact_nan=dev == "cuda")
     bufs = torch.full((7, 1), float("nan"), device=dev)
     got, s = _run(backend, sgljit.ops.per_token_quant_fp8, x, scales=bufs, fp8_dtype=E5M2)
     want, ws = reference.per_token_quant_fp8(x, E5M2)
@@ -422,6 +426,8 @@ def test_public_function_errors_name_the_argument():
         (ValueError, "scale", lambda: f(x, torch.ones(2))),
         (ValueError, "scale", lambda: f(x, torch.ones(1, 1))),
         (ValueError, "scale_out", lambda: f(x, torch.ones(1), scale_out=torch.empty(1))),
+        (ValueError, "scale_out", lambda: f(x, scale_out=torch.empty(2))),
+        (ValueError, "scale_out", lambda: f(x, scale_out=torch.empty(1, dtype=torch.float16))),
         # any shape is viewed as [1, numel]: out must have input's shape, both contiguous
         (ValueError, "out", lambda: f(torch.randn(2, 3, 4), out=torch.empty(6, 4, dtype=E4M3))),
         (ValueError, "out", lambda: f(torch.randn(24), out=torch.empty(24, 2, dtype=E4M3)[:, 0])),

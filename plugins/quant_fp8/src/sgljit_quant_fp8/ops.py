@@ -234,12 +234,13 @@ _per_tensor_dynamic = family.op(
     args={
         "input": Tensor("num_tokens", "hidden", layout="contiguous"),
         "out": Tensor("num_tokens", "hidden", dtype=FP8_DTYPES, layout="contiguous", io="out"),
-        "scale": Tensor(1, dtype=_FP32, layout="strided", io="out"),
+        "scale_out": Tensor(1, dtype=_FP32, layout="strided", io="out"),
         "workspace": Tensor(WORKSPACE_SIZE, dtype=_FP32, layout="contiguous", io="scratch"),
         "algo": Scalar(int, min=0, max=3),
     },
     reference=reference.per_tensor_dynamic_into,
-    doc="""``scale[0] = max(absmax(input) / fp8_max, 2^-126)``, ``out = quantize(input / scale)``.
+    doc="""``scale_out[0] = max(absmax(input) / fp8_max, 2^-126)``,
+    ``out = quantize(input / scale_out)``.
     ``workspace``: float32 ``[WORKSPACE_SIZE]`` (contents irrelevant, overwritten). ``algo`` (CUDA;
     the reference and SYCL have one): 0 auto, 1 the fused cooperative kernel, 2 two kernels, 3
     three kernels (see the module docstring).""",
@@ -469,7 +470,7 @@ def per_tensor_quant_fp8(
     """Quantize ``input`` (fp16/bf16/fp32, contiguous, any shape) to ``fp8_dtype`` with one scale.
 
     ``scale=None``: dynamic, ``scale = max(absmax(input) / fp8_max, 2^-126)``, returned as a new
-    fp32 ``[1]`` tensor, or written into ``scale_out`` (fp32 ``[1]``) and returned as it. A given
+    fp32 ``[1]`` tensor, or written into ``scale_out`` (fp32 ``[1]`` or ``[]``) and returned as it. A given
     fp32 scale tensor (shape ``[1]`` or ``[]``): static, returned as is. ``out`` (optional): fp8
     tensor of input's shape, contiguous. Returns ``(out, scale)`` with
     ``out = (input.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` bit for bit.
@@ -496,7 +497,8 @@ def per_tensor_quant_fp8(
     if scale is None:
         scale = torch.empty(1, dtype=torch.float32, device=input.device)
     workspace = torch.empty(WORKSPACE_SIZE, dtype=torch.float32, device=input.device)
-    _per_tensor_dynamic(x, o, scale, workspace, _DYNAMIC_ALGO)
+    one = scale.view(1) if isinstance(scale, torch.Tensor) and scale.dim() == 0 else scale
+    _per_tensor_dynamic(x, o, one, workspace, _DYNAMIC_ALGO)
     return out, scale
 
 
