@@ -203,6 +203,24 @@ def test_check_indices_raises_naming_first_bad(backend, monkeypatch):
     loc = torch.tensor([0, 1, 2, 3, 4], device=dev)
     with using(backend), pytest.raises(IndexError, match=r"out_loc\[4\] = 4"):
         sgljit.ops.apply_rope_with_kv_cache(q, k, v, kc, vc, cache, pos.clamp(0, 9), loc)
+    # the arguments are checked first: an index check cannot hide what is wrong with them
+    bad_arguments = [
+        (r"^positions: expected 1-D", lambda: sgljit.ops.apply_rope(q, k, cache, pos.view(5, 1))),
+        (r"^cos_sin_cache: expected 2-D", lambda: sgljit.ops.apply_rope(q, k, cache[0], pos)),
+        (
+            r"^positions: dtype expected one of \{int32, int64\}",
+            lambda: sgljit.ops.apply_rope(q, k, cache, pos.clamp(0, 9).to(torch.uint8)),
+        ),
+        (
+            r"^out_loc: dtype expected one of \{int32, int64\}",
+            lambda: sgljit.ops.apply_rope_with_kv_cache(
+                q, k, v, kc, vc, cache, pos.clamp(0, 9), loc.float()
+            ),
+        ),
+    ]
+    for message, call in bad_arguments:
+        with using(backend), pytest.raises(ValueError, match=message):
+            call()
     monkeypatch.setattr(ops, "_CHECK_INDICES", False)  # unchecked: the bad ones are skipped
     with using(backend):
         sgljit.ops.apply_rope(q, k, cache, pos)

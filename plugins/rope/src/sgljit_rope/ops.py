@@ -24,6 +24,7 @@ call in C++; SYCL keys carry the vector width the pointers and strides allow (:f
 
 import functools
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -670,18 +671,22 @@ def _heads(x: torch.Tensor, name: str, head_dim: int) -> torch.Tensor:
     raise ValueError(f"{name}: expected [T, H, D] or [T, H * D], got shape {tuple(x.shape)}")
 
 
-def _check_indices(name: str, index: torch.Tensor, bound: int) -> None:
-    """(SGLJIT_CHECK_INDICES=1) Raise IndexError naming the first index outside [0, bound); not
-    while capturing a CUDA graph. Synchronizes with the device."""
-    if index.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    bad = ((index < 0) | (index >= bound)).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        raise IndexError(
-            f"{name}[{i}] = {int(index[i])} is out of range [0, {bound}) "
-            f"({bad.shape[0]} bad index(es); found because SGLJIT_CHECK_INDICES=1)"
-        )
+def _check_indices(op, args: tuple, *indices: tuple[str, int, Callable[[], int]]) -> None:
+    """(SGLJIT_CHECK_INDICES=1) The op's argument checks, then IndexError naming the first index
+    outside [0, bound()) of each (name, position in args, bound) given; not while capturing a CUDA
+    graph. Synchronizes with the device."""
+    op.check_arguments(args)
+    for name, at, size in indices:
+        index, bound = args[at], size()
+        if index.is_meta or (index.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return
+        bad = ((index < 0) | (index >= bound)).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise IndexError(
+                f"{name}[{i}] = {int(index[i])} is out of range [0, {bound}) "
+                f"({bad.shape[0]} bad index(es); found because SGLJIT_CHECK_INDICES=1)"
+            )
 
 
 def apply_rope(
@@ -715,9 +720,10 @@ def apply_rope(
     except AttributeError:  # name the argument that is not a tensor
         _require_tensors(q=q, k=k, cos_sin_cache=cos_sin_cache, positions=positions)
         raise
+    args = (q, k, cos_sin_cache, positions, is_neox)
     if _CHECK_INDICES and not torch.compiler.is_compiling():
-        _check_indices("positions", positions, cos_sin_cache.shape[0])
-    _apply_rope(q, k, cos_sin_cache, positions, is_neox)
+        _check_indices(_apply_rope, args, ("positions", 3, lambda: cos_sin_cache.shape[0]))
+    _apply_rope(*args)
 
 
 def _check_rotary_dim(rotary_dim, cos_sin_cache: torch.Tensor) -> None:
@@ -782,16 +788,21 @@ def apply_rope_with_kv_cache(
         _require_tensors(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache,
                          cos_sin_cache=cos_sin_cache, positions=positions, out_loc=out_loc)  # fmt: skip
         raise
-    if _CHECK_INDICES and not torch.compiler.is_compiling():
-        _check_indices("positions", positions, cos_sin_cache.shape[0])
-        _check_indices("out_loc", out_loc, k_cache.shape[0])
     if rotate_k_inplace is False:
         op = _apply_rope_with_kv_cache
     elif rotate_k_inplace is True:
         op = _apply_rope_with_kv_cache_rotate_k
     else:
         raise TypeError(f"rotate_k_inplace: expected bool, got {type(rotate_k_inplace).__name__}")
-    op(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox)
+    args = (q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox)
+    if _CHECK_INDICES and not torch.compiler.is_compiling():
+        _check_indices(
+            op,
+            args,
+            ("positions", 6, lambda: cos_sin_cache.shape[0]),
+            ("out_loc", 7, lambda: k_cache.shape[0]),
+        )
+    op(*args)
 
 
 def _kv_heads(q, k, v, k_cache, v_cache):
@@ -840,9 +851,10 @@ def qknorm_rope(
     except AttributeError:  # name the argument that is not a tensor
         _require_tensors(q=q, k=k, q_weight=q_weight, positions=positions)
         raise
+    args = (q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox)
     if _CHECK_INDICES and not torch.compiler.is_compiling():
-        _check_indices("positions", positions, cos_sin_cache.shape[0])
-    _qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox)
+        _check_indices(_qknorm_rope, args, ("positions", 5, lambda: cos_sin_cache.shape[0]))
+    _qknorm_rope(*args)
 
 
 def _qknorm_rope_heads(q, k, q_weight):
