@@ -376,6 +376,18 @@ def test_the_kernels_refuse_a_misaligned_out(backend):
         _op_call(backend, out)
 
 
+def test_the_function_fills_a_misaligned_out(backend):
+    """What the kernels refuse, the public function does through an aligned temporary: the same
+    result on every backend."""
+    t = torch.tensor([0.0, 1.0, 250.0, 999.0], device=device_of(backend))
+    buf = torch.full((4 * 10 + 1,), float("nan"), device=device_of(backend))
+    out = buf[1:].view(4, 10)
+    with sgljit.use_backend(backend):
+        got = sgljit.ops.timestep_embedding(t, 10, flip_sin_to_cos=True, out=out)
+    assert got is out and buf[0].isnan()
+    assert_embedding(out, oracle(t.cpu(), 10, flip_sin_to_cos=True)[0], torch.float32)
+
+
 def test_torch_compile_fullgraph_reference():
     """The public function (its allocation, conversion and checks) traces with fullgraph."""
     op = sgljit.ops.timestep_embedding

@@ -284,8 +284,9 @@ def timestep_embedding(
         flip_sin_to_cos: a bool. downscale_freq_shift, scale: finite numbers; ``dim // 2`` must
             differ from ``downscale_freq_shift``. max_period: a finite positive number.
         dtype: output dtype, ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``.
-        out: optional preallocated contiguous output ``[B, dim]`` (its dtype is the output dtype;
-            16-byte aligned for the kernels).
+        out: optional preallocated contiguous output ``[B, dim]`` (its dtype is the output dtype).
+            The kernels store 16-byte vectors: an ``out`` that is not 16-byte aligned is filled
+            through an aligned temporary (one more allocation and copy).
     """
     if type(dim) is not int or not 0 < dim <= _MAX_DIM:
         dim = _positive_dim(dim)
@@ -304,5 +305,11 @@ def timestep_embedding(
         )
     else:
         _check_out(out, batch, dim, dtype)
+        if out.data_ptr() % 16 and out.numel():  # the kernels' contract: see the op's docstring
+            aligned = torch.empty_like(out, memory_format=torch.contiguous_format)
+            _timestep_embedding(
+                t, aligned, flip_sin_to_cos, downscale_freq_shift, scale, max_period
+            )
+            return out.copy_(aligned)
     _timestep_embedding(t, out, flip_sin_to_cos, downscale_freq_shift, scale, max_period)
     return out
