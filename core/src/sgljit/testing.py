@@ -7,9 +7,10 @@ For each op (see :mod:`sgljit.op`) and each backend this machine can run:
   is not compared);
 - ``bad_inputs``: arguments generated from the declared argument specs — not a tensor, an extra
   dimension, a dtype outside the allowed ones, a size that disagrees with another tensor's, a
-  strided last dimension, an expanded (overlapping) written tensor, a tensor that requires grad, a
-  tensor on another device, a scalar out of range — each must raise an error that starts with the
-  argument's name; an empty batch must run or raise such an error, never crash;
+  strided last dimension, an expanded (overlapping) written tensor, a written tensor sharing memory
+  with another argument, a tensor that requires grad, a tensor on another device, a scalar out of
+  range — each must raise an error that starts with the argument's name; an empty batch must run
+  or raise such an error, never crash;
 - ``torch_compile``: ``torch.compile(fullgraph=True)`` of a call matches the eager result
   (reference and CUDA);
 - ``cuda_graph``: a captured call replays on new data (CUDA).
@@ -263,6 +264,54 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
             )
         if device.type == "cuda":
             found.append((f"{name} on the CPU", replaced(i, t.cpu()), name))
+    found += _sharing_memory(op, base)
+    return found
+
+
+def _over_bytes_of(like: torch.Tensor, source: torch.Tensor) -> torch.Tensor | None:
+    """A contiguous tensor of like's shape and dtype over the bytes of source's storage from its
+    first element on (None: too few, or not aligned for like's dtype)."""
+    need, start = (
+        like.numel() * like.element_size(),
+        source.storage_offset() * source.element_size(),
+    )
+    storage = source.untyped_storage()
+    if need == 0 or source.numel() == 0 or storage.nbytes() - start < need:
+        return None
+    if start % like.element_size():
+        return None
+    raw = torch.empty(0, dtype=torch.uint8, device=source.device).set_(storage, start, (need,))
+    return raw.view(like.dtype).view(like.shape)
+
+
+def _sharing_memory(op: Op, base: tuple) -> list[tuple[str, tuple, str]]:
+    """For each written tensor, the first other tensor argument it can be made to share memory with
+    (a view of one over the other's bytes; not its declared alias): the error names the later of
+    the two where it is written, else the written one."""
+    found = []
+    for i, name in enumerate(op.params):
+        spec = op.args[name]
+        if not (isinstance(spec, Tensor) and spec.written):
+            continue
+        for j, other in enumerate(op.params):
+            other_spec = op.args[other]
+            if j == i or not isinstance(other_spec, Tensor) or other in (spec.alias, name):
+                continue
+            if other_spec.alias == name:
+                continue
+            args = list(base)
+            view = _over_bytes_of(base[i], base[j])
+            if view is not None:
+                args[i] = view
+            else:
+                view = _over_bytes_of(base[j], base[i])
+                if view is None:
+                    continue
+                args[j] = view
+            later = op.params[max(i, j)]
+            named = later if op.args[later].written else name
+            found.append((f"{name} sharing memory with {other}", tuple(args), named))
+            break
     return found
 
 
