@@ -92,10 +92,7 @@ struct RopeKVConfig {
   static constexpr int kBlockTarget = 256;  // threads per block: faster than 128 at large T
   static constexpr int kGroups = G::groups_for(kBlockTarget);
   static constexpr int kBlock = G::kLanes * kGroups;
-#ifndef ROPE_AB_KV_THREADS  // A/B experiment (reverted next): the register budget's threads per SM
-#define ROPE_AB_KV_THREADS 768
-#endif
-  static constexpr int kMinBlocks = ROPE_AB_KV_THREADS / kBlock > 0 ? ROPE_AB_KV_THREADS / kBlock : 1;  // 3/8 occupancy
+  static constexpr int kMinBlocks = 768 / kBlock > 0 ? 768 / kBlock : 1;  // 3/8 occupancy
 };
 
 // The KV variant's decode kernel (rope_kv_decode_kernel), for up to kMaxTokens tokens: at T=1-256 it
