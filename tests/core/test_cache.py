@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import sgljit
 from sgljit import cache
@@ -160,6 +162,56 @@ def test_an_edit_of_an_installed_tvm_ffi_header_rebuilds(cache_dir, tmp_path):
     restored = run_python(code, env)
     assert restored.returncode == 0 and "compiling" not in restored.stderr, restored.stderr
     assert len(published(cache_dir)) == 2
+
+
+# A c++ that, on its first compile (not --version), edits a header after compiling: the edit lands
+# while the build runs, after the compiler read the header.
+EDITING_CXX = """#!/bin/sh
+c++ "$@"; rc=$?
+case " $* " in *" -c "*)
+  if [ ! -e "$EDIT_MARK" ]; then sed -i 's/= 0;/= 4;/' "$EDIT_FILE"; touch "$EDIT_MARK"; fi;;
+esac
+exit $rc
+"""
+
+
+def test_a_header_edited_during_the_build_is_not_vouched_for(cache_dir, tmp_path):
+    """The binary was built from the header before the edit, but the hashes are taken after the
+    compile: such a build must not be published (it would be served, stale, from then on). It is
+    built again, and what is published, and what a fresh process loads, has the edit."""
+    src = tmp_path / "src"
+    shutil.copytree(KERNELS, src)
+    cxx = tmp_path / "editing-c++"
+    cxx.write_text(EDITING_CXX)
+    cxx.chmod(0o755)
+    env = {"CXX": str(cxx), "EDIT_FILE": str(src / "offset.h"), "EDIT_MARK": str(tmp_path / "mark")}
+    first = run_python(LOAD_IN_SUBPROCESS % (src, 4), env=env)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"offset\.h changed while add_one\w* compiled; compiling again", first.stderr)
+    assert len(published(cache_dir)) == 1
+    fresh = run_python(LOAD_IN_SUBPROCESS % (src, 4), env=env)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "compiling" not in fresh.stderr
+
+
+def test_a_header_that_changes_during_every_build_is_used_but_never_cached(tmp_path, monkeypatch):
+    """After its last attempt the build is used by the process that made it, with a warning, and
+    nothing is published."""
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "_changed_during", lambda paths, start, end: "/a/header.h")
+    src = tmp_path / "src"
+    shutil.copytree(KERNELS, src)
+    sgljit.clear_module_cache()
+    with pytest.warns(UserWarning, match=r"/a/header\.h changed during each of 3 builds"):
+        module = sgljit.load_jit(
+            "add_one_racing", cpp_files=["add_one.h"], cpp_wrappers=[("add_into", "AddInto::run")],
+            source_dir=src,
+        )  # fmt: skip
+    x = torch.zeros(3)
+    module.add_into(torch.ones(3), x)
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    assert published(tmp_path / "cache", "add_one_racing") == []
+    sgljit.clear_module_cache()
 
 
 def test_random_header_edits_across_fresh_processes(cache_dir, tmp_path):

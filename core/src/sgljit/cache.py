@@ -270,15 +270,34 @@ def _resolve(recorded: str, roots: Mapping[str, Path]) -> str | None:
     return None if folder is None else str(folder).rstrip("/") + rest
 
 
+def _outside_files(paths: Iterable[str | os.PathLike], build_dirs: tuple[str, ...]) -> list[str]:
+    """The files a build read, as absolute paths, without the build's own (generated files: their
+    text is in the key)."""
+    found = (os.path.normpath(os.path.join(build_dirs[0], os.fspath(p))) for p in paths)
+    return [path for path in found if outside([path], build_dirs)]
+
+
+def _changed_during(paths: Iterable[str], start: float, end: float) -> str | None:
+    """The first file modified between ``start`` and ``end`` (wall clock: while a build ran), or
+    None. The compiler may have read it before the change, so the binary cannot vouch for what its
+    manifest would record (ccache's "too new" rule). An mtime past ``end`` is clock skew, not a
+    change during the build."""
+    for path in paths:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if start <= mtime <= end:
+            return path
+    return None
+
+
 def _record_deps(
     paths: Iterable[str | os.PathLike], build_dirs: tuple[str, ...], roots: Mapping[str, Path]
 ) -> list[list[str]]:
     """[[portable path, sha256], ...] of the files a build read, sorted, without the build's own."""
     recorded: dict[str, str] = {}
-    for p in paths:
-        path = os.path.normpath(os.path.join(build_dirs[0], os.fspath(p)))
-        if not outside([path], build_dirs):
-            continue  # a generated file: its text is in the key
+    for path in _outside_files(paths, build_dirs):
         digest = _hash_file(path)
         if digest is None:
             continue  # gone since, or not a regular file: nothing to compare against later
@@ -673,7 +692,14 @@ class _BuildFolder:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
+# Builds of one module while a file it reads keeps changing under them: the last one is used but not
+# published.
+_BUILD_ATTEMPTS = 3
+
+
+def _build_and_publish(
+    spec: BuildSpec, key: str, group: Path, attempts: int = _BUILD_ATTEMPTS
+) -> Any:
     arch_dir = group.parent
     staging_root = arch_dir / ".staging"
     staging = staging_root / f"{group.name}.{uuid.uuid4().hex[:12]}"
@@ -690,11 +716,14 @@ def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
     started = time.perf_counter()
     logger.info("sgljit: compiling %s for %s %s ...", spec.name, spec.backend, spec.arch)
     folder = _BuildFolder(staging)
+    build_dirs = tuple(dict.fromkeys([str(folder.path), str(staging), os.path.realpath(staging)]))
     try:
         try:
             for name, text in spec.files.items():
                 (folder.path / name).write_text(text)
+            wall_start = time.time()
             deps = spec.build(folder.path) or ()
+            changed = _changed_during(_outside_files(deps, build_dirs), wall_start, time.time())
             module = spec.load(folder.path / spec.artifact)
         finally:
             folder.finish()
@@ -708,8 +737,19 @@ def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
         raise CompileError(
             f"built module {spec.name!r} could not be loaded: {err}", source_path=str(failed)
         ) from err
+    if changed is not None:
+        if attempts > 1:
+            logger.info("sgljit: %s changed while %s compiled; compiling again", changed, spec.name)
+            shutil.rmtree(staging, ignore_errors=True)
+            return _build_and_publish(spec, key, group, attempts - 1)
+        warnings.warn(
+            f"sgljit: {changed} changed during each of {_BUILD_ATTEMPTS} builds of module "
+            f"{spec.name!r}; this process uses the last one, but it is not cached",
+            stacklevel=2,
+        )
+        return module  # its staging folder goes when this process has (_remove_dead_staging)
     try:
-        variant = _write_manifest(spec, key, staging, folder.path, deps, started)
+        variant = _write_manifest(spec, key, staging, build_dirs, deps, started)
         group.mkdir(parents=True, exist_ok=True)
         final = group / variant
         try:
@@ -733,11 +773,10 @@ def _build_and_publish(spec: BuildSpec, key: str, group: Path) -> Any:
 
 
 def _write_manifest(
-    spec: BuildSpec, key: str, staging: Path, build_path: Path, deps, started: float
+    spec: BuildSpec, key: str, staging: Path, build_dirs: tuple[str, ...], deps, started: float
 ) -> str:
     """Write the manifest into the staging folder; returns the variant's name."""
     flags, toolchain = _split_fingerprint(spec.fingerprint)
-    build_dirs = tuple(dict.fromkeys([str(build_path), str(staging), os.path.realpath(staging)]))
     recorded = _record_deps(deps, build_dirs, spec.roots)
     data = (staging / spec.artifact).read_bytes()
     artifact_sha = _sha256(data)
