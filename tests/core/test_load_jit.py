@@ -390,6 +390,16 @@ def test_truncated_module_is_rebuilt_with_a_warning(cache_dir):
     assert so.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("text", ["[]", "null", '"manifest"', "{"])
+def test_a_manifest_that_is_not_a_json_object_is_rebuilt_with_a_warning(cache_dir, text):
+    load_add_one()
+    [folder] = published(cache_dir)
+    (folder / MANIFEST).write_text(text)
+    result = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0))
+    assert result.returncode == 0, result.stderr
+    assert "compiling add_one" in result.stderr
+
+
 def test_killed_build_leaves_nothing_that_loads(cache_dir):
     code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
     proc = subprocess.Popen(

@@ -92,6 +92,9 @@ def test_broken_plugin_breaks_only_its_own_ops(plugin_site):
         assert sgljit.ops.fixture_double(2) == 4
         bad = [p for p in discover() if p.entry_point == "brokenmanifest"]
         assert bad and bad[0].status.startswith("broken: AttributeError"), bad
+        bad = [p for p in discover() if p.entry_point == "badops"]
+        assert bad and bad[0].status == "manifest ops must map op names to 'module:function' strings"
+        assert "fixture_bad_ops" not in dir(sgljit.ops)
         """,
     )
 
@@ -120,6 +123,7 @@ def test_info_reports_plugins_and_their_status(plugin_site):
     assert "incompatible: needs sgljit>=9.0" in out
     assert "CONFLICT" in out
     assert "broken: AttributeError" in out
+    assert "manifest ops must map op names" in out
 
 
 def test_a_plugin_installed_later_is_discovered(tmp_path, cache_dir):

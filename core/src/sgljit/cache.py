@@ -330,6 +330,8 @@ def _toolchain_problem(built: Mapping[str, str], here: Mapping[str, str]) -> str
 
 def _read_manifest(folder: Path) -> dict:
     data = json.loads((folder / MANIFEST).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"manifest is a JSON {type(data).__name__}, expected an object")
     if data.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"manifest format {data.get('format')}, expected {MANIFEST_FORMAT}")
     return data

@@ -57,11 +57,14 @@ class Plugin:
 
     @property
     def name(self) -> str:
-        return (self.manifest or {}).get("name", self.entry_point)
+        name = self.manifest.get("name") if isinstance(self.manifest, dict) else None
+        return name if isinstance(name, str) else self.entry_point
 
     @property
     def ops(self) -> dict[str, str]:
-        return dict((self.manifest or {}).get("ops", {}))
+        """Op name → "module:function"; none for a manifest _check_manifest refuses."""
+        ops = self.manifest.get("ops") if isinstance(self.manifest, dict) else None
+        return dict(ops) if _is_op_table(ops) else {}
 
     @property
     def status(self) -> str:
@@ -153,12 +156,22 @@ def _disabled() -> set[str]:
     return {n.strip() for n in os.environ.get("SGLJIT_DISABLE_PLUGINS", "").split(",") if n.strip()}
 
 
+def _is_op_table(ops: Any) -> bool:
+    return isinstance(ops, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in ops.items()
+    )
+
+
 def _check_manifest(manifest: Any) -> str | None:
     if not isinstance(manifest, dict):
         return f"manifest is a {type(manifest).__name__}, expected a dict"
     missing = [k for k in ("name", "version", "ops") if k not in manifest]
     if missing:
         return f"manifest lacks {', '.join(missing)}"
+    if not isinstance(manifest["name"], str):
+        return f"manifest name is a {type(manifest['name']).__name__}, expected a str"
+    if not _is_op_table(manifest["ops"]):
+        return "manifest ops must map op names to 'module:function' strings"
     required = manifest.get("requires_sgljit")
     if required:
         try:
