@@ -356,6 +356,28 @@ def test_fresh_process_loads_bridge_and_kernels_from_disk(tmp_path, kernels):
 @needs_runtime
 @pytest.mark.sycl
 @pytest.mark.slow
+def test_a_read_only_prebuilt_cache_serves_sycl_modules(tmp_path, kernels):
+    """A fleet's prebuilt cache may be read-only: the OpenCL loader's empty vendors folder, which
+    sgljit keeps in the cache, then comes from the temporary folder."""
+    from .test_cache import read_only
+
+    script, cache = write(tmp_path, "child.py", CHILD), tmp_path / "cache"
+    finish(start_child(script, kernels / "scale.hpp", cache))
+    shutil.rmtree(cache / "sycl" / "no-opencl-vendors")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCL_ICD_")}
+    env.update(SGLJIT_CACHE_DIR=str(cache), SGLJIT_LOG="info", SGLJIT_NO_COMPILE="1")
+    with read_only(cache):
+        proc = subprocess.run(
+            [sys.executable, str(script), str(kernels / "scale.hpp")],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 0 and "child ok" in proc.stdout, proc.stderr
+    assert not (cache / "sycl" / "no-opencl-vendors").exists()
+
+
+@needs_runtime
+@pytest.mark.sycl
+@pytest.mark.slow
 def test_concurrent_processes_build_the_bridge_once(tmp_path, kernels):
     script = write(tmp_path, "child.py", CHILD)
     procs = [start_child(script, kernels / "scale.hpp", tmp_path / "cache") for _ in range(3)]

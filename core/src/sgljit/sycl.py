@@ -40,6 +40,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -173,9 +174,20 @@ def _configure_opencl_loader(rt: Runtime) -> None:
     if "OCL_ICD_FILENAMES" not in os.environ:
         os.environ["OCL_ICD_FILENAMES"] = str(rt.opencl_cpu)
     if "OCL_ICD_VENDORS" not in os.environ:
-        empty = cache_root() / "sycl" / "no-opencl-vendors"
+        os.environ["OCL_ICD_VENDORS"] = str(_empty_folder())
+
+
+def _empty_folder() -> Path:
+    """An empty folder: in the cache, or, where the cache is read-only (a prebuilt fleet cache),
+    a fresh one in the temporary folder."""
+    empty = cache_root() / "sycl" / "no-opencl-vendors"
+    try:
         empty.mkdir(parents=True, exist_ok=True)
-        os.environ["OCL_ICD_VENDORS"] = str(empty)
+        if not any(empty.iterdir()):
+            return empty
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="sgljit-no-opencl-vendors-"))
 
 
 # --------------------------------------------------------------------------------------------
