@@ -243,8 +243,18 @@ def test_missing_runtime_names_the_packages(monkeypatch):
 
 @needs_runtime
 @pytest.mark.sycl
-def test_header_edit_rebuilds_the_kernel(tmp_path):
+@pytest.mark.parametrize("reach", ["include_dirs", "-I dir", "-Idir", "-isystem dir"])
+def test_header_edit_rebuilds_the_kernel(tmp_path, reach):
+    """However the header's folder is named (include_dirs, or flags of one or two words), it is a
+    recorded dependency: an edit rebuilds."""
     header = write(tmp_path / "inc", "factor.h", "#define FACTOR 2.0f\n")
+    flags = {
+        "include_dirs": [],
+        "-I dir": ["-I", str(header.parent)],
+        "-Idir": [f"-I{header.parent}"],
+        "-isystem dir": ["-isystem", str(header.parent)],
+    }[reach]
+    name = "edit_" + {"include_dirs": "dirs", "-I dir": "I2", "-Idir": "I1"}.get(reach, "isystem")
     src = write(
         tmp_path,
         "k.hpp",
@@ -256,10 +266,10 @@ def test_header_edit_rebuilds_the_kernel(tmp_path):
 
     def run() -> tuple[str, torch.Tensor]:
         mod = sgljit.load_jit_sycl(
-            "edit",
+            name,
             sycl_files=[src],
-            include_dirs=[header.parent],
-            extra_sycl_cflags=["-DSGLJIT_T=float"],
+            include_dirs=[header.parent] if reach == "include_dirs" else [],
+            extra_sycl_cflags=["-DSGLJIT_T=float", *flags],
             route="rtc",
         )
         x, out = torch.ones(16), torch.empty(16)
@@ -271,8 +281,8 @@ def test_header_edit_rebuilds_the_kernel(tmp_path):
     sgljit.clear_module_cache()
     out2 = run()
     assert out1.eq(2).all() and out2.eq(3).all()
-    # one key, two builds: the header reached through include_dirs is a recorded dependency
-    variants = list(Path(os.environ["SGLJIT_CACHE_DIR"]).glob("sycl/opencl-*/edit-*/*/"))
+    # one key, two builds: the header is a recorded dependency
+    variants = list(Path(os.environ["SGLJIT_CACHE_DIR"]).glob(f"sycl/opencl-*/{name}-*/*/"))
     assert len({v.parent for v in variants}) == 1 and len(variants) == 2
 
 

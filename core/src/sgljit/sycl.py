@@ -535,19 +535,40 @@ def load_saved(lib: ctypes.CDLL, queue: int, path: Path) -> _Program:
     return _Program(handle, dict(meta["kernels"]))
 
 
+# The runtime compile's options that decide which headers a source reaches, as one word (-Idir) or
+# two (-I dir).
+_HEADER_OPTIONS = ("-I", "-isystem", "-iquote", "-idirafter", "-include", "-D", "-U")
+
+
+def _header_options(options: Sequence[str]) -> list[str]:
+    """The options of ``options`` the host preprocessor needs to find the same headers.
+
+    >>> _header_options(["-I", "/a", "-isystem/b", "-O3", "-DX=1", "-fsycl"])
+    ['-I', '/a', '-isystem/b', '-DX=1']
+    """
+    kept, words = [], iter(options)
+    for option in words:
+        if option in _HEADER_OPTIONS:
+            kept += [option, next(words, "")]
+        elif option.startswith(_HEADER_OPTIONS):
+            kept.append(option)
+    return kept
+
+
 def _scan_dependencies(folder: Path, rtc: RtcSource) -> list[str]:
     """The headers the module's source includes, found by the host preprocessor with the same
-    -I/-D/-U options (the runtime compiler reports none); the runtime's own headers excluded."""
+    include and macro options (the runtime compiler reports none); the compiler's and the SYCL
+    runtime's own headers excluded (their versions are in the key)."""
     rt = find_runtime()
     cxx = host_cxx()
-    kept = [o for o in rtc.options if o.startswith(("-I", "-D", "-U"))]
     cmd = [
-        cxx, "-std=c++17", "-E", "-MM", "-MF", "module.d", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
-        "-isystem", str(rt.include), *kept, "-x", "c++", "module.cpp", "-o", os.devnull,
+        cxx, "-std=c++17", "-E", "-M", "-MF", "module.d", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
+        "-isystem", str(rt.include), *_header_options(rtc.options), "-x", "c++", "module.cpp",
+        "-o", os.devnull,
     ]  # fmt: skip
     _run_compiler(cmd, folder, folder / "module.cpp")
     deps = read_depfile((folder / "module.d").read_text())
-    return outside(deps, system_include_dirs(cxx))
+    return outside(deps, [*system_include_dirs(cxx), rt.include])
 
 
 def _rtc_spec(
