@@ -285,8 +285,8 @@ def timestep_embedding(
             differ from ``downscale_freq_shift``. max_period: a finite positive number.
         dtype: output dtype, ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``.
         out: optional preallocated contiguous output ``[B, dim]`` (its dtype is the output dtype).
-            The kernels store 16-byte vectors: an ``out`` that is not 16-byte aligned is filled
-            through an aligned temporary (one more allocation and copy).
+            The kernels store 16-byte vectors: in eager calls an ``out`` that is not 16-byte
+            aligned is filled through an aligned temporary (one more allocation and copy).
     """
     if type(dim) is not int or not 0 < dim <= _MAX_DIM:
         dim = _positive_dim(dim)
@@ -305,7 +305,8 @@ def timestep_embedding(
         )
     else:
         _check_out(out, batch, dim, dtype)
-        if out.data_ptr() % 16 and out.numel():  # the kernels' contract: see the op's docstring
+        # the kernels' contract (see the op); a traced graph has no addresses to test
+        if not torch.compiler.is_compiling() and out.numel() and out.data_ptr() % 16:
             aligned = torch.empty_like(out, memory_format=torch.contiguous_format)
             _timestep_embedding(
                 t, aligned, flip_sin_to_cos, downscale_freq_shift, scale, max_period
