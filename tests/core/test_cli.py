@@ -59,6 +59,35 @@ def test_clangd_file_points_at_headers(tmp_path):
 def test_bad_usage_exits_nonzero():
     assert sgljit_cli("cache", "export").returncode != 0
     assert sgljit_cli("nonsense").returncode != 0
+    repeats = sgljit_cli("check", "--repeats", "0")
+    assert repeats.returncode == 2 and "expected a whole number >= 1" in repeats.stderr
+
+
+def test_a_missing_or_bad_file_is_a_message_not_a_traceback(cache_dir, tmp_path):
+    (tmp_path / "notgzip.tar.gz").write_text("not an archive")
+    (tmp_path / "folder").mkdir()
+    calls = [
+        ("cache", "import", str(tmp_path / "missing.tar.gz")),
+        ("cache", "import", str(tmp_path / "notgzip.tar.gz")),
+        ("cache", "import", str(tmp_path / "folder")),
+        ("cache", "export", str(tmp_path / "no" / "such" / "x.tar.gz")),
+        ("clangd", "--output", str(tmp_path / "no" / "such" / ".clangd")),
+        ("clangd", "--output", str(tmp_path / "folder")),
+    ]
+    for args in calls:
+        result = sgljit_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith(f"sgljit {args[0]}: error: "), (args, result.stderr)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+
+
+def test_cache_list_names_an_entry_whose_manifest_is_unreadable(cache_dir):
+    load_add_one()
+    [manifest] = cache_dir.glob("*/*/add_one*/*/sgljit-manifest.json")
+    manifest.write_text("[]")
+    result = sgljit_cli("cache", "list")
+    assert result.returncode == 0, result.stderr
+    assert "BROKEN" in result.stdout and "unreadable manifest" in result.stdout
 
 
 @pytest.mark.parametrize("module", ["sgljit"])
@@ -91,6 +120,14 @@ def test_check_runs_ops_against_their_reference(plugin_site):
         and " ok " in good.stdout
     )
     assert "passed" in good.stdout
+    unknown = subprocess.run(
+        [sys.executable, "-m", "sgljit.cli", "check", "--plugin", "nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert unknown.returncode == 2 and "'nope' not installed (installed: " in unknown.stderr
+    assert "good" in unknown.stderr
     wrong = subprocess.run(
         [sys.executable, "-m", "sgljit.cli", "check", "--plugin", "conflict", "--repeats", "2"],
         capture_output=True,

@@ -14,8 +14,9 @@ Layout: ``$SGLJIT_CACHE_DIR`` (default ``~/.cache/sgljit``) ``/<backend>/<arch>/
   ``-I`` flag, an absolute include, ``CPATH`` — makes the variant not match, and a build follows.
   Nothing walks a folder, so a large source folder (or the cache inside it) costs nothing.
 * The artifact's sha256 is checked before it is loaded, and the variant's name is a hash of the
-  manifest's toolchain, dependencies and artifact hash, so a manifest cannot be edited to vouch for
-  another binary.
+  manifest's toolchain, dependencies and artifact hash, so neither can be edited alone to vouch for
+  another binary (checksums, not signatures: a writer of the cache can forge a consistent entry).
+* A build during which a file it read changed (its mtime falls inside the build) is not published.
 
 A published folder is never modified in place, so a running process never sees a half-written file.
 CUDA, C++ and SYCL builds all come through here.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -54,6 +55,16 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     from .plugins import discover, load_target
     from .testing import max_error, synchronize
 
+    if plugins:
+        installed = {p.name for p in discover()}
+        unknown = sorted(set(plugins) - installed)
+        if unknown:
+            print(
+                f"plugin(s) {', '.join(map(repr, unknown))} not installed "
+                f"(installed: {', '.join(sorted(installed)) or 'none'})",
+                file=sys.stderr,
+            )
+            return 2
     backends, notes = available_backends()
     rows: list[tuple[str, ...]] = []
     failed = 0
@@ -124,10 +135,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     return run_checks(args.plugin or None, args.repeats)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text}")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     check = sub.add_parser(
         "check", help="run every installed op on each backend against its reference"
     )
     check.add_argument("--plugin", action="append", help="only this plugin (repeatable)")
-    check.add_argument("--repeats", type=int, default=5, help="timed calls per case (median)")
+    check.add_argument(
+        "--repeats", type=_positive, default=5, help="timed calls per case (median; at least 1)"
+    )
     check.set_defaults(fn=cmd_check)

@@ -8,9 +8,11 @@ import json
 import os
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 from ._version import __version__
+from .errors import SgljitError
 
 
 def _folder_size(path: Path) -> int:
@@ -124,12 +126,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if not entries:
             print(f"(empty) {root}")
         for entry in entries:
-            data = json.loads((entry / MANIFEST).read_text())
-            print(
-                f"{data['backend']:<6} {data['arch']:<10} {data['name']:<48} "
-                f"{data['key']}/{entry.name}  {_human(_folder_size(entry)):>9}  "
-                f"built {data.get('built_at', '?')}"
-            )
+            try:
+                data = json.loads((entry / MANIFEST).read_text())
+                line = (
+                    f"{data['backend']:<6} {data['arch']:<10} {data['name']:<48} "
+                    f"{data['key']}/{entry.name}  {_human(_folder_size(entry)):>9}  "
+                    f"built {data.get('built_at', '?')}"
+                )
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                # a load would not use it either: it rebuilds over such an entry
+                line = f"BROKEN {entry.relative_to(root)}: unreadable manifest ({err})"
+            print(line)
     elif args.action == "clear" and args.stale:
         print(f"removed {clear_stale(root)} stale entries from {root}")
     elif args.action == "clear":
@@ -214,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (OSError, ValueError, tarfile.TarError, SgljitError) as err:
+        # a missing or unwritable file, a bad archive, a cache error: the message, not a traceback
+        print(f"sgljit {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
