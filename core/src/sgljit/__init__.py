@@ -67,9 +67,21 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-if os.environ.get("SGLJIT_LOG"):
-    # SGLJIT_LOG=info prints one line per compile to stderr (debug: more).
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("sgljit").addHandler(_handler)
-    logging.getLogger("sgljit").setLevel(os.environ["SGLJIT_LOG"].upper())
+def _configure_logging() -> None:
+    """SGLJIT_LOG=info prints one line per compile to stderr (debug: more); 1/true/on mean info."""
+    levels = ("debug", "info", "warning", "error", "critical")
+    level = os.environ.get("SGLJIT_LOG", "").strip().lower()
+    level = {"1": "info", "true": "info", "yes": "info", "on": "info"}.get(level, level)
+    if level in ("", "0", "false", "no", "off"):
+        return
+    if level not in levels:
+        raise ValueError(
+            f"SGLJIT_LOG={os.environ['SGLJIT_LOG']!r}: expected one of {', '.join(levels)} (or 1/0)"
+        )
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("sgljit").addHandler(handler)
+    logging.getLogger("sgljit").setLevel(level.upper())
+
+
+_configure_logging()

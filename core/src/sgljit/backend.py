@@ -17,7 +17,9 @@ __all__ = ["BACKENDS", "forced_backend", "select_backend", "use_backend"]
 
 BACKENDS = ("cuda", "sycl", "reference")
 _DEVICE_BACKEND = {"cuda": "cuda", "xpu": "sycl", "cpu": "reference"}
-_ENV_BACKEND = os.environ.get("SGLJIT_BACKEND") or None
+_ENV_BACKEND = os.environ.get("SGLJIT_BACKEND", "").strip() or None
+if _ENV_BACKEND is not None and _ENV_BACKEND not in BACKENDS:
+    raise ValueError(f"SGLJIT_BACKEND={_ENV_BACKEND!r}: expected one of {', '.join(BACKENDS)}")
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "sgljit_backend", default=_ENV_BACKEND
 )
@@ -25,10 +27,7 @@ _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def forced_backend() -> str | None:
     """The backend the user forced, by ``use_backend`` or ``$SGLJIT_BACKEND``; None if not forced."""
-    name = _forced.get()
-    if name is not None and name not in BACKENDS:
-        raise ValueError(f"SGLJIT_BACKEND={name!r}: expected one of {', '.join(BACKENDS)}")
-    return name
+    return _forced.get()
 
 
 @contextlib.contextmanager
@@ -64,7 +63,8 @@ def select_backend(tensor) -> str:
         return "reference"
     if forced == "sycl" and device in ("cpu", "xpu"):
         return "sycl"
+    how = "$SGLJIT_BACKEND" if forced == _ENV_BACKEND else "use_backend"
     raise ValueError(
-        f"backend {forced!r} was forced but the tensors are on {tensor.device}; "
+        f"backend {forced!r} was forced (by {how}) but the tensors are on {tensor.device}; "
         f"{forced} kernels cannot run there"
     )

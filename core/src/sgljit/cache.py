@@ -36,6 +36,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -550,6 +551,19 @@ def _load_or_build(spec: BuildSpec, key: str) -> Any:
         return _build_and_publish(spec, key, group)
 
 
+def lock_timeout() -> float:
+    """``SGLJIT_LOCK_TIMEOUT``: seconds a build waits for another process's build of the same
+    module before building anyway (600 when unset or empty)."""
+    text = os.environ.get("SGLJIT_LOCK_TIMEOUT", "").strip() or "600"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # NaN too
+        raise ValueError(f"SGLJIT_LOCK_TIMEOUT={text!r}: expected a number of seconds >= 0")
+    return value
+
+
 class _Acquire:
     """Hold the host's build lock. While waiting: say once who holds it, give up as soon as a
     usable variant is published (a lock left by a dead host on a shared file system must not block
@@ -564,7 +578,7 @@ class _Acquire:
         from filelock import Timeout
 
         started = time.monotonic()
-        give_up_after = float(os.environ.get("SGLJIT_LOCK_TIMEOUT", "600"))
+        give_up_after = lock_timeout()
         reported = False
         while True:
             try:

@@ -83,7 +83,11 @@ def _tvm_ffi_roots() -> dict[str, Path]:
 def extra_cuda_cflags_from_env() -> list[str]:
     """``SGLJIT_EXTRA_CUDA_CFLAGS`` (shell-quoted): nvcc flags added to every CUDA build, e.g.
     ``-DSGLJIT_PDL=0`` or ``-Xptxas -v``. They are part of the cache key like any other flag."""
-    return shlex.split(os.environ.get("SGLJIT_EXTRA_CUDA_CFLAGS", ""))
+    text = os.environ.get("SGLJIT_EXTRA_CUDA_CFLAGS", "")
+    try:
+        return shlex.split(text)
+    except ValueError as err:
+        raise ValueError(f"SGLJIT_EXTRA_CUDA_CFLAGS={text!r}: {err} (shell quoting)") from None
 
 
 def load_jit(

@@ -811,7 +811,7 @@ def plan_icpx_build(
             'route needs extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY('
             "(syclexp::nd_range_kernel<N>)) void name(...)"
         )
-    icpx = icpx or os.environ.get("SGLJIT_ICPX") or "icpx"
+    icpx = icpx or icpx_command() or "icpx"
     targets = sycl_targets()
     artifact = f"lib{name}.so"
     roots, order = _include_roots(files, incs)
@@ -859,8 +859,19 @@ def _pick_route(route: str) -> str:
     if route not in ROUTES:
         raise ValueError(f"load_jit_sycl: route must be one of {ROUTES}, got {route!r}")
     if route == "auto":
-        return "icpx" if shutil.which(os.environ.get("SGLJIT_ICPX") or "icpx") else "rtc"
+        return "icpx" if icpx_command() else "rtc"
     return route
+
+
+def icpx_command() -> str | None:
+    """The icpx to use: ``SGLJIT_ICPX`` (which must name one), else ``icpx`` on the PATH, else None."""
+    named = os.environ.get("SGLJIT_ICPX", "").strip()
+    found = shutil.which(named or "icpx")
+    if named and found is None:
+        raise FileNotFoundError(
+            f"SGLJIT_ICPX={named!r}: no such compiler (unset it to use the PATH)"
+        )
+    return found
 
 
 def load_jit_sycl(
@@ -900,7 +911,10 @@ def describe() -> dict[str, Any]:
     >>> sorted(describe())  # doctest: +SKIP
     ['default_route', 'devices', 'error', 'icpx', 'opencl_loader', 'routes', 'runtime']
     """
-    icpx = shutil.which(os.environ.get("SGLJIT_ICPX") or "icpx")
+    try:
+        icpx = icpx_command()
+    except FileNotFoundError as err:
+        icpx = str(err)
     info: dict[str, Any] = {
         "runtime": None,
         "devices": [],

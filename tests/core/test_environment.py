@@ -1,0 +1,57 @@
+"""Settings read from SGLJIT_* environment variables: a bad value is an error that names the
+variable and what it takes, never a silent fallback or an error from deep inside."""
+
+from __future__ import annotations
+
+import pytest
+
+from sgljit import cache, cuda, sycl
+
+from ..conftest import run_python
+
+
+@pytest.mark.parametrize("value", ["bogus", "2"])
+def test_a_bad_log_level_names_the_variable(value):
+    result = run_python("import sgljit", env={"SGLJIT_LOG": value})
+    assert result.returncode != 0
+    assert f"ValueError: SGLJIT_LOG={value!r}: expected one of debug, info" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["1", "true", "DEBUG", "0", "off"])
+def test_log_levels_and_switches_are_accepted(value):
+    result = run_python("import sgljit; print('ok')", env={"SGLJIT_LOG": value})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_lock_timeout(monkeypatch):
+    for text, seconds in (("", 600.0), ("  ", 600.0), ("30", 30.0), ("0", 0.0), ("2.5", 2.5)):
+        monkeypatch.setenv("SGLJIT_LOCK_TIMEOUT", text)
+        assert cache.lock_timeout() == seconds
+    monkeypatch.delenv("SGLJIT_LOCK_TIMEOUT")
+    assert cache.lock_timeout() == 600.0
+    for text in ("10s", "nan", "-1", "inf-"):
+        monkeypatch.setenv("SGLJIT_LOCK_TIMEOUT", text)
+        with pytest.raises(
+            ValueError, match=r"^SGLJIT_LOCK_TIMEOUT=.*expected a number of seconds"
+        ):
+            cache.lock_timeout()
+
+
+def test_extra_cuda_cflags_name_the_variable_on_bad_quoting(monkeypatch):
+    monkeypatch.setenv("SGLJIT_EXTRA_CUDA_CFLAGS", '-DSGLJIT_PDL=0 -Xptxas "-v"')
+    assert cuda.extra_cuda_cflags_from_env() == ["-DSGLJIT_PDL=0", "-Xptxas", "-v"]
+    monkeypatch.setenv("SGLJIT_EXTRA_CUDA_CFLAGS", '-DX="a')
+    with pytest.raises(ValueError, match=r"^SGLJIT_EXTRA_CUDA_CFLAGS='-DX=\"a': No closing"):
+        cuda.extra_cuda_cflags_from_env()
+
+
+def test_an_icpx_that_does_not_exist_is_an_error_not_the_other_route(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLJIT_ICPX", str(tmp_path / "no-icpx"))
+    with pytest.raises(FileNotFoundError, match=r"^SGLJIT_ICPX=.*no-icpx.*: no such compiler"):
+        sycl._pick_route("auto")
+    assert "no such compiler" in sycl.describe()["icpx"]
+    fake = tmp_path / "icpx"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SGLJIT_ICPX", str(fake))
+    assert sycl._pick_route("auto") == "icpx" and sycl.icpx_command() == str(fake)
