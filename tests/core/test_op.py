@@ -223,6 +223,7 @@ def test_bad_inputs_are_generated_from_the_spec():
         "out disagreeing on width": "out",
         "out with a strided last dimension": "out",
         "out expanded": "out",
+        "out sharing memory with input": "out",
         "factor below its minimum": "factor",
         "factor not a number": "factor",
     }
@@ -281,6 +282,13 @@ def test_the_backend_variable_is_read_once_at_import():
         "import torch, sgljit; sgljit.select_backend(torch.zeros(1))", env={"SGLJIT_BACKEND": "tpu"}
     )
     assert "SGLJIT_BACKEND='tpu': expected one of cuda, sycl, reference" in bad.stderr
+    forced = run_python(
+        "import torch, sgljit; sgljit.select_backend(torch.zeros(1))",
+        env={"SGLJIT_BACKEND": "cuda"},
+    )
+    assert "backend 'cuda' was forced (by $SGLJIT_BACKEND) but the tensors are on cpu" in (
+        forced.stderr
+    )
 
 
 def test_cuda_dispatch_memoizes_per_specialization_and_checks_before_compiling(monkeypatch):
