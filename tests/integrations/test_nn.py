@@ -125,6 +125,22 @@ def test_rotary_embedding_autograd(op_calls):
     torch.testing.assert_close(k_out, k_kernel, rtol=1e-6, atol=1e-6)
 
 
+def test_rotary_embedding_after_a_call_on_meta_tensors():
+    """A shape probe on meta tensors gives meta results and leaves the table where it was."""
+    rope = nn.RotaryEmbedding(64, 128)
+    meta = {"device": "meta"}
+    q, k = rope(
+        torch.arange(3, **meta), torch.empty(3, 4, 64, **meta), torch.empty(3, 2, 64, **meta)
+    )
+    assert q.is_meta and k.is_meta and rope.cos_sin_cache.device.type == "cpu"
+    positions, q, k = torch.tensor([0, 5, 127]), rand(3, 4, 64, seed=3), rand(3, 2, 64, seed=4)
+    with torch.no_grad():
+        q_out, k_out = rope(positions, q.clone(), k.clone())
+    for got, x in ((q_out, q), (k_out, k)):
+        expected = rope_oracle(positions, x, 64, 64, 10000.0, True)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_rotary_embedding_arguments():
     with pytest.raises(
         ValueError, match=r"rotary_dim: expected an even number in \[2, head_dim=64\]"

@@ -170,19 +170,23 @@ class RotaryEmbedding(torch.nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cos_sin_cache.device != q.device:
-            self._cos_sin_cache = self._cos_sin_cache.to(q.device)
         cache = self._cos_sin_cache
+        if cache.device != q.device:
+            cache = cache.to(q.device)
+            if not cache.is_meta:  # a call on meta tensors (a shape probe) keeps the table
+                self._cos_sin_cache = cache
         if kernel_can_run(q, k) and q.stride(-1) == 1 and k.stride(-1) == 1:
             ops.apply_rope(q, k, cache, positions, is_neox=self.is_neox, head_dim=self.head_dim)
             return q, k
-        return self._rotate(positions, q), self._rotate(positions, k)
+        return self._rotate(positions, q, cache), self._rotate(positions, k, cache)
 
-    def _rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _rotate(
+        self, positions: torch.Tensor, x: torch.Tensor, cache: torch.Tensor
+    ) -> torch.Tensor:
         """Out of place, differentiable: the kernel's math (float32, rounded once)."""
         heads = x.unflatten(-1, (-1, self.head_dim)) if x.dim() == 2 else x
         rot = self.rotary_dim
-        cos, sin = self._cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = cache[positions].unsqueeze(1).chunk(2, dim=-1)
         xr = heads[..., :rot].float()
         if self.is_neox:
             x1, x2 = xr.chunk(2, dim=-1)
