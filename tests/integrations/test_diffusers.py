@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -159,6 +160,23 @@ def test_patches_modules_that_bound_the_function():
     assert embeddings.get_timestep_embedding.__wrapped__ is ORIGINAL
     sgl.revert()
     assert embeddings.get_timestep_embedding is ORIGINAL and uvit.get_timestep_embedding is ORIGINAL
+
+
+def test_revert_reaches_modules_imported_while_patched(monkeypatch):
+    """diffusers imports lazily: a module first imported after the patch binds the wrapper by name
+    (as ``from ..embeddings import get_timestep_embedding`` does); revert gives it diffusers'
+    function back, and a second apply moves it to the new wrapper."""
+    late, later = types.ModuleType("late"), types.ModuleType("later")
+    monkeypatch.setitem(sys.modules, "diffusers._sgljit_test_late", late)
+    monkeypatch.setitem(sys.modules, "diffusers._sgljit_test_later", later)
+    sgl.apply_to_diffusers()
+    late.get_timestep_embedding = embeddings.get_timestep_embedding  # imported while patched
+    sgl.apply_to_diffusers()
+    assert late.get_timestep_embedding is embeddings.get_timestep_embedding
+    later.get_timestep_embedding = embeddings.get_timestep_embedding
+    sgl.revert()
+    assert embeddings.get_timestep_embedding is ORIGINAL
+    assert late.get_timestep_embedding is ORIGINAL and later.get_timestep_embedding is ORIGINAL
 
 
 def test_refuses_another_signature(monkeypatch):

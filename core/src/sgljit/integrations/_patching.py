@@ -3,6 +3,7 @@ patch, so re-applying wraps HF's original (not sgljit's wrapper) and ``revert`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import ops
@@ -20,13 +21,24 @@ def original(owner: Any, name: str) -> Any:
     return getattr(owner, name) if value is _MISSING else value
 
 
-def patch(owner: Any, name: str, value: Any) -> None:
+def patch(owner: Any, name: str, value: Any, was: Any = _MISSING) -> None:
     """Set ``owner.name = value``, remembering the owner's own value (a class attribute it
-    inherits is not its own: revert then deletes the patch)."""
+    inherits is not its own: revert then deletes the patch), or ``was`` where given: what revert
+    restores."""
     key = (id(owner), name)
     if key not in _saved:
-        _saved[key] = (owner, name, vars(owner).get(name, _MISSING))
+        _saved[key] = (owner, name, vars(owner).get(name, _MISSING) if was is _MISSING else was)
     setattr(owner, name, value)
+
+
+_revert_hooks: list[Callable[[], None]] = []
+
+
+def on_revert(hook: Callable[[], None]) -> None:
+    """Run ``hook()`` at the next revert, after the recorded patches are undone: for a patched
+    value that spreads where no patch recorded it (modules imported later bind it by name)."""
+    if hook not in _revert_hooks:
+        _revert_hooks.append(hook)
 
 
 def is_patched(owner: Any, name: str) -> bool:
@@ -41,6 +53,10 @@ def revert() -> None:
         else:
             setattr(owner, name, value)
     _saved.clear()
+    hooks = list(_revert_hooks)
+    _revert_hooks.clear()
+    for hook in hooks:
+        hook()
 
 
 def require_op(name: str) -> None:

@@ -41,7 +41,8 @@ _PARAMETERS = {
 def apply_to_diffusers() -> None:
     """Run diffusers' ``get_timestep_embedding`` on the sgljit kernel: in
     ``diffusers.models.embeddings`` (``Timesteps`` calls it from there) and in every diffusers
-    module already imported that bound it by name (modules imported later bind the patched one)."""
+    module already imported that bound it by name (modules imported later bind the patched one;
+    ``revert`` finds those too)."""
     try:
         from diffusers.models import embeddings
     except ImportError as err:
@@ -54,14 +55,32 @@ def apply_to_diffusers() -> None:
     _check_signature(original)
     patched = _timestep_function(original)
     _patching.patch(embeddings, "get_timestep_embedding", patched)
+    for module in _bound_modules(original):
+        if module is not embeddings:
+            _patching.patch(module, "get_timestep_embedding", patched, was=original)
+    _patching.on_revert(_unbind_later_imports)
+
+
+def _bound_modules(original) -> list:
+    """The imported diffusers modules whose ``get_timestep_embedding`` is ``original`` or an sgljit
+    wrapper of it (bound by name at their import, before or after a patch)."""
+    found = []
     for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("diffusers.")
-            and module is not None
-            and module is not embeddings
-            and vars(module).get("get_timestep_embedding") is original
-        ):
-            _patching.patch(module, "get_timestep_embedding", patched)
+        if not name.startswith("diffusers.") or module is None:
+            continue
+        bound = vars(module).get("get_timestep_embedding")
+        if bound is original or getattr(bound, "_sgljit_wraps", None) is original:
+            found.append(module)
+    return found
+
+
+def _unbind_later_imports() -> None:
+    """At revert: modules imported while patched still hold the wrapper; give them diffusers'."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("diffusers.") and module is not None:
+            original = getattr(vars(module).get("get_timestep_embedding"), "_sgljit_wraps", None)
+            if original is not None:
+                module.get_timestep_embedding = original
 
 
 def _check_signature(original) -> None:
@@ -121,4 +140,5 @@ def _timestep_function(original):
             timesteps, embedding_dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period
         )
 
+    get_timestep_embedding._sgljit_wraps = original  # what revert puts back wherever it went
     return get_timestep_embedding
