@@ -257,11 +257,37 @@ def test_declarations_are_checked():
             reference=print,
         )
     with pytest.raises(ValueError, match="declares op 'test_op_scaled_copy' twice"):
-        family.op("test_op_scaled_copy", args={"x": Tensor(4)}, reference=print)
+        family.op("test_op_scaled_copy", args={"x": Tensor(4, io="out")}, reference=print)
     with pytest.raises(ValueError, match="family 'test_op' declared it already"):
         Family("test_op_other", __file__).op(
-            "test_op_scaled_copy", args={"x": Tensor(4)}, reference=print
+            "test_op_scaled_copy", args={"x": Tensor(4, io="out")}, reference=print
         )
+
+
+def test_mistakes_in_a_declaration_are_named_when_it_is_made():
+    """What a plugin author gets wrong is refused at the declaration, naming the op and the fix,
+    not later inside a build, a compile or the conformance suite."""
+    out = {"x": Tensor(4), "y": Tensor(4, dtype="x", io="out")}
+
+    def len2(device):
+        return (torch.zeros(4, device=device), torch.zeros(4, device=device))
+
+    cases = [
+        (ValueError, "no argument is written", {"args": {"x": Tensor(4), "y": Tensor(4)}}),
+        (ValueError, "prebuild has key 'SYCL'", {"args": out, "prebuild": {"SYCL": []}}),
+        (TypeError, r"prebuild\['sycl'\] must be a list of dicts", {"args": out, "prebuild": {"sycl": {"A": 1}}}),
+        (TypeError, "cases holds a function; each is a sgljit.op.Case", {"args": out, "cases": [len2]}),
+    ]  # fmt: skip
+    for i, (error, message, spec) in enumerate(cases):
+        with pytest.raises(error, match=rf"^op 'test_op_mistake{i}': {message}"):
+            family.op(f"test_op_mistake{i}", reference=print, **spec)
+    assert Tensor(4, dtype=torch.float32).dtype == (torch.float32,)  # one dtype: a tuple of one
+    with pytest.raises(TypeError, match="each dimension is a name, an int or None"):
+        Tensor(("n", "h"))
+    with pytest.raises(TypeError, match="type must be bool, int or float"):
+        Scalar("float")
+    with pytest.raises(ValueError, match="min 2 exceeds max 1"):
+        Scalar(float, min=2, max=1)
 
 
 def test_the_backend_variable_is_read_once_at_import():
@@ -417,3 +443,52 @@ def test_written_tensors_must_not_share_memory():
     assert 'check_unshared(a, span_a, "a", input, span_input, "input", false, true);' in cpp
     assert 'check_unshared(b, span_b, "b", input, span_input, "input", false, false);' in cpp
     assert 'check_unshared(b, span_b, "b", a, span_a, "a", true, false);' in cpp
+
+
+def test_the_suite_names_a_reference_that_writes_nothing_and_a_case_of_the_wrong_arity():
+    from sgljit.testing import check_numerics
+
+    def rebinds(x, out):
+        out = x * 2  # noqa: F841  (the mistake: the name is rebound, the tensor never written)
+
+    def two(device):
+        return (torch.randn(4, device=device), torch.empty(4, device=device))
+
+    lazy = family.op(
+        "test_op_lazy_reference",
+        args={"x": Tensor(4), "out": Tensor(4, dtype="x", io="out")},
+        reference=rebinds,
+        cases=[Case("4", two, 1e-6)],
+    )
+    with pytest.raises(AssertionError, match="the reference left out unwritten"):
+        check_numerics(lazy, "reference", torch.device("cpu"))
+    short = family.op(
+        "test_op_short_case",
+        args={"x": Tensor(4), "out": Tensor(4, dtype="x", io="out")},
+        reference=lambda x, out: out.copy_(x),
+        cases=[Case("4", lambda device: (torch.randn(4),), 1e-6)],
+    )
+    with pytest.raises(AssertionError, match=r"make\(\) returned tuple of 1 values; expected"):
+        check_numerics(short, "reference", torch.device("cpu"))
+
+
+def test_the_empty_batch_empties_the_written_tokens_not_a_table():
+    """A gather whose first argument is a table: the batch is out's (and the indices') tokens."""
+    from sgljit.testing import _empty_batch
+
+    def rows(device):
+        table = torch.randn(5, 3, device=device)
+        return table, torch.tensor([4, 0], device=device), torch.empty(2, 3, device=device)
+
+    gather = family.op(
+        "test_op_gather",
+        args={
+            "table": Tensor("vocab", "hidden"),
+            "idx": Tensor("num_tokens", dtype=(torch.int64,), layout="contiguous"),
+            "out": Tensor("num_tokens", "hidden", dtype="table", io="out"),
+        },
+        reference=lambda table, idx, out: out.copy_(table[idx]),
+        cases=[Case("5x3", rows, 0.0)],
+    )
+    table, idx, out = _empty_batch(gather, torch.device("cpu"))
+    assert table.shape == (5, 3) and idx.shape == (0,) and out.shape == (0, 3)

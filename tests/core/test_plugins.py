@@ -95,6 +95,14 @@ def test_broken_plugin_breaks_only_its_own_ops(plugin_site):
         bad = [p for p in discover() if p.entry_point == "badops"]
         assert bad and bad[0].status == "manifest ops must map op names to 'module:function' strings"
         assert "fixture_bad_ops" not in dir(sgljit.ops)
+        from sgljit.testing import families
+        assert "good" in [f.name for f in families()]  # the broken ones left to sgljit info
+        try:
+            families(["brokenmanifest"])
+        except LookupError as err:
+            assert "(brokenmanifest): broken: AttributeError" in str(err), err
+        else:
+            raise AssertionError("no error")
         """,
     )
 

@@ -71,14 +71,21 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     for plugin in discover():
         if plugins and plugin.name not in plugins:
             continue
-        target = (plugin.manifest or {}).get("family")
+        target = None if plugin.error else plugin.manifest.get("family")
         if plugin.error or not target:
             rows.append(
                 (f"({plugin.name})", "-", "-", plugin.error or "no checks declared", "-", "-")
             )
             failed += bool(plugin.error)
             continue
-        family = load_target(target)
+        try:
+            family = load_target(target)
+            family.check_cases  # noqa: B018  (a Family, not whatever the manifest named)
+        except Exception as err:  # the plugin's mistake, reported on its row: the others still run
+            problem = f"family {target!r}: {type(err).__name__}: {err}"
+            rows.append((f"({plugin.name})", "-", "-", f"ERROR {problem[:120]}", "-", "-"))
+            failed += 1
+            continue
         for backend, device in backends:
             for case in family.check_cases(device):
                 label = f"{backend} ({device.type})"

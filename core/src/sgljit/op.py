@@ -86,6 +86,11 @@ class Tensor:
             raise ValueError(f"Tensor: layout must be one of {LAYOUTS} and io one of {IO}")
         if not shape:
             raise ValueError("Tensor: give at least one dimension (a 0-d tensor is shape (1,))")
+        bad = [d for d in shape if not (d is None or isinstance(d, (str, int)))]
+        if bad:
+            raise TypeError(f"Tensor: each dimension is a name, an int or None, got {bad[0]!r}")
+        if isinstance(dtype, torch.dtype):  # one dtype
+            dtype = (dtype,)
         if alias is not None and io == "in":
             raise ValueError(f"Tensor: alias={alias!r} is for a tensor the op writes, not io='in'")
         dtype = dtype if isinstance(dtype, str) else tuple(dtype)
@@ -125,6 +130,12 @@ class Scalar:
     type: type
     min: float | None = None
     max: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in (bool, int, float):
+            raise TypeError(f"Scalar: type must be bool, int or float, got {self.type!r}")
+        if self.min is not None and self.max is not None and not self.min <= self.max:
+            raise ValueError(f"Scalar: min {self.min} exceeds max {self.max}")
 
     def check(self, name: str, value: Any) -> None:
         if self.type is bool:
@@ -185,6 +196,25 @@ class Case:
     tol: float
 
 
+def _check_declared(name: str, prebuild: Any, cases: Any) -> None:
+    """What an op's prebuild= and cases= must be, checked at declaration (not at build time)."""
+    for backend, keys in (prebuild or {}).items():
+        if backend not in ("cuda", "sycl"):
+            raise ValueError(
+                f"op {name!r}: prebuild has key {backend!r}; expected 'cuda' or 'sycl'"
+            )
+        if not isinstance(keys, (list, tuple)) or not all(isinstance(k, Mapping) for k in keys):
+            raise TypeError(
+                f"op {name!r}: prebuild[{backend!r}] must be a list of dicts (one specialization "
+                f"each), got {type(keys).__name__}"
+            )
+    for case in cases:
+        if not isinstance(case, Case):
+            raise TypeError(
+                f"op {name!r}: cases holds a {type(case).__name__}; each is a sgljit.op.Case"
+            )
+
+
 def _cpp_literal(value: Any) -> str:
     return str(make_cpp_args(value))
 
@@ -224,6 +254,12 @@ class Op:
         for n, a in args.items():
             if isinstance(a, Tensor) and a.alias is not None and a.alias not in tensors:
                 raise ValueError(f"op {name!r}: {n}'s alias {a.alias!r} is not a tensor argument")
+        if not any(args[n].written for n in tensors):
+            raise ValueError(
+                f"op {name!r}: no argument is written; an op writes into tensors it is given "
+                "(declare its output io='out', or io='inout' for one updated in place)"
+            )
+        _check_declared(name, prebuild, cases)
         self.family, self.name = family, name
         self.args = dict(args)
         self.params = tuple(args)
@@ -786,7 +822,14 @@ class Family:
             checks, wrappers = [], []
             for op in members:
                 function = f"sgljit_checked_{op.name}"
-                checks.append(op.cpp_checks(function, op.cuda.symbol.format(**values)))
+                try:
+                    symbol = op.cuda.symbol.format(**values)
+                except (KeyError, IndexError) as err:
+                    raise ValueError(
+                        f"op {op.name!r}: Cuda symbol {op.cuda.symbol!r} has the placeholder "
+                        f"{err}, which is not one of its template parameters {sorted(values)}"
+                    ) from None
+                checks.append(op.cpp_checks(function, symbol))
                 wrappers.append((op.name, function))
             found = load_jit(
                 self.name,
@@ -804,6 +847,11 @@ class Family:
         """The SYCL module ``module`` built with ``-D`` macros ``key`` (memoized)."""
         from .sycl import load_jit_sycl
 
+        if not isinstance(key, Mapping):
+            raise TypeError(
+                f"{self.name}: the Sycl key of module {module!r} returned a "
+                f"{type(key).__name__}; it returns a dict of the -D macros (name -> value)"
+            )
         frozen = ("sycl", module, _freeze(key))
         found = self._modules.get(frozen)
         if found is None:

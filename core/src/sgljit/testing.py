@@ -90,8 +90,12 @@ def families(plugins: Iterable[str] | None = None) -> list[Family]:
     for plugin in discover():
         if wanted is not None and plugin.name not in wanted:
             continue
-        target = (plugin.manifest or {}).get("family")
-        if plugin.error is None and target:
+        if plugin.error is not None:
+            if wanted is not None:  # asked for by name: say why it cannot be checked
+                raise LookupError(f"plugin {plugin.distribution} ({plugin.name}): {plugin.error}")
+            continue  # sgljit info and sgljit check report it
+        target = plugin.manifest.get("family")
+        if target:
             family = load_target(target)
             if family.name != plugin.name:
                 raise LookupError(
@@ -149,15 +153,38 @@ def run_case(op: Op, case: Case, device: torch.device) -> tuple[tuple, tuple]:
     and scratch space poisoned first; returns (written tensors, the same written by the reference on
     float64 copies)."""
     args = case.make(device)
+    if not isinstance(args, tuple) or len(args) != len(op.params):
+        raise AssertionError(
+            f"{op.name} case {case.name!r}: make() returned {type(args).__name__} of "
+            f"{len(args) if isinstance(args, (tuple, list)) else '?'} values; expected a tuple of "
+            f"{len(op.params)}, one per argument ({', '.join(op.params)})"
+        )
     oracle = tuple(_oracle_copy(a) for a in args)
-    for name, value in zip(op.params, args, strict=True):
+    for name, value, copy in zip(op.params, args, oracle, strict=True):
         spec = op.args[name]
         if isinstance(spec, Tensor) and spec.io in ("out", "scratch"):
             _poison(value)
+            _poison(copy)
     with torch.no_grad():
         op(*args)
         op.reference(*oracle)
+    for name in op.results:
+        copy = oracle[op.params.index(name)]
+        if op.args[name].io == "out" and copy.numel() and _still_poisoned(copy):
+            raise AssertionError(
+                f"{op.name} case {case.name!r}: the reference left {name} unwritten (it must "
+                f"write into the tensor it is given, e.g. {name}.copy_(...), not rebind the name)"
+            )
     return _written(op, args), _written(op, oracle)
+
+
+def _still_poisoned(t: torch.Tensor) -> bool:
+    """Whether every element of t still holds _poison's value."""
+    if t.element_size() == 1:
+        return bool((t.view(torch.uint8) == _ONE_BYTE_POISON).all())
+    if t.is_floating_point():
+        return bool(t.isnan().all())
+    return bool((t == -1).all())
 
 
 def synchronize(device: torch.device) -> None:
@@ -316,10 +343,10 @@ def _sharing_memory(op: Op, base: tuple) -> list[tuple[str, tuple, str]]:
 
 
 def _empty_batch(op: Op, device: torch.device) -> tuple:
-    """The first case's arguments with the first tensor's leading dimension made empty in every
-    tensor that shares its name."""
+    """The first case's arguments with the batch made empty: the leading dimension of the first
+    tensor the op writes (its tokens; not a table's rows), in every tensor that shares its name."""
     base = op.cases[0].make(device)
-    first = op.args[op.params[0]]
+    first = op.args[op.writes[0]]
     symbol = first.shape[0] if isinstance(first.shape[0], str) else None
     out = []
     for name, value in zip(op.params, base, strict=True):
@@ -333,6 +360,8 @@ def _empty_batch(op: Op, device: torch.device) -> tuple:
 
 
 def check_bad_inputs(op: Op, backend: str, device: torch.device) -> None:
+    if not op.cases:
+        raise AssertionError(f"{op.name} declares no check cases (bad inputs are made from one)")
     with use_backend(backend), torch.enable_grad():
         with torch.no_grad():  # compile and load the valid specialization first
             op(*op.cases[0].make(device))
@@ -362,6 +391,8 @@ def _clone(args: Sequence[Any]) -> tuple:
 
 
 def check_torch_compile(op: Op, backend: str, device: torch.device) -> None:
+    if not op.cases:
+        raise AssertionError(f"{op.name} declares no check cases")
     case = op.cases[0]
     args = case.make(device)
     eager, compiled_args = _clone(args), _clone(args)
@@ -378,6 +409,8 @@ def check_torch_compile(op: Op, backend: str, device: torch.device) -> None:
 
 
 def check_cuda_graph(op: Op, backend: str, device: torch.device) -> None:
+    if not op.cases:
+        raise AssertionError(f"{op.name} declares no check cases")
     case = op.cases[0]
     args = case.make(device)
     with torch.no_grad():
