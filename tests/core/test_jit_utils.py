@@ -84,7 +84,7 @@ def test_select_backend_defaults_and_overrides():
             assert sgljit.select_backend(cpu) == "reference"
     with (
         sgljit.use_backend("cuda"),
-        pytest.raises(ValueError, match="forced (by use_backend) but the tensors are on cpu"),
+        pytest.raises(ValueError, match=r"forced \(by use_backend\) but the tensors are on cpu"),
     ):
         sgljit.select_backend(cpu)
     with pytest.raises(ValueError, match="not one of"), sgljit.use_backend("metal"):
