@@ -373,9 +373,8 @@ def test_a_read_only_prebuilt_cache_serves_sycl_modules(tmp_path, kernels):
 
     script, cache = write(tmp_path, "child.py", CHILD), tmp_path / "cache"
     finish(start_child(script, kernels / "scale.hpp", cache))
-    shutil.rmtree(
-        cache / "sycl" / "no-opencl-vendors", ignore_errors=True
-    )  # none if OCL_ICD_VENDORS set
+    # the folder the loader's vendors point at (none was made where OCL_ICD_VENDORS is set)
+    shutil.rmtree(cache / "sycl" / "no-opencl-vendors", ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OCL_ICD_")}
     env.update(SGLJIT_CACHE_DIR=str(cache), SGLJIT_LOG="info", SGLJIT_NO_COMPILE="1")
     with read_only(cache):
