@@ -64,23 +64,30 @@ def apply_to_diffusers() -> None:
 def _bound_modules(original) -> list:
     """The imported diffusers modules whose ``get_timestep_embedding`` is ``original`` or an sgljit
     wrapper of it (bound by name at their import, before or after a patch)."""
-    found = []
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("diffusers.") or module is None:
-            continue
-        bound = vars(module).get("get_timestep_embedding")
-        if bound is original or getattr(bound, "_sgljit_wraps", None) is original:
-            found.append(module)
-    return found
+    return [
+        module
+        for module, bound in _bindings()
+        if bound is original or getattr(bound, "_sgljit_wraps", None) is original
+    ]
 
 
 def _unbind_later_imports() -> None:
     """At revert: modules imported while patched still hold the wrapper; give them diffusers'."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("diffusers.") and module is not None:
-            original = getattr(vars(module).get("get_timestep_embedding"), "_sgljit_wraps", None)
-            if original is not None:
-                module.get_timestep_embedding = original
+    for module, bound in _bindings():
+        original = getattr(bound, "_sgljit_wraps", None)
+        if original is not None:
+            module.get_timestep_embedding = original
+
+
+def _bindings() -> list:
+    """(module, its get_timestep_embedding) of every imported diffusers module that has one."""
+    return [
+        (module, vars(module)["get_timestep_embedding"])
+        for name, module in list(sys.modules.items())
+        if name.startswith("diffusers.")
+        and module is not None
+        and "get_timestep_embedding" in vars(module)
+    ]
 
 
 def _check_signature(original) -> None:
