@@ -31,6 +31,7 @@ from harness import (
     Case,
     Op,
     Provider,
+    model_tokens,
     narrowing_copy,
     nbytes,
     run_family,
@@ -405,12 +406,13 @@ def ops(grid: str = "default") -> list[Op]:
     else:
         quick = grid == "quick"
         hiddens, tokens = (QUICK_HIDDENS, QUICK_TOKENS) if quick else (MODEL_HIDDENS, MODEL_TOKENS)
+        tokens, qk_tokens = model_tokens(grid, tokens), model_tokens(grid, QK_TOKENS)
         heads = QUICK_HEADS if quick else MODEL_HEADS
         rms = [rms_case(t, h, bf16) for h in hiddens for t in tokens]
         fused = [fused_case(t, h, bf16) for h in hiddens for t in tokens]
         gemma = [rms_case(t, h, bf16) for h in (2304, 3584) for t in tokens]
-        qk = [qk_case(t, hq, hk, d, bf16, True) for hq, hk, d in heads for t in QK_TOKENS]
-        across = [qk_case(t, hq, hk, d, bf16, False) for hq, hk, d in heads for t in QK_TOKENS]
+        qk = [qk_case(t, hq, hk, d, bf16, True) for hq, hk, d in heads for t in qk_tokens]
+        across = [qk_case(t, hq, hk, d, bf16, False) for hq, hk, d in heads for t in qk_tokens]
         quant = quant_ops(hiddens, tokens)
     return [
         Op(

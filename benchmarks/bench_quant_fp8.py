@@ -31,7 +31,7 @@ import sys
 
 import sglang_provider as sglang_jit
 import torch
-from harness import MODEL_TOKENS, Case, Op, narrowing_copy, nbytes, run_family, standard_providers
+from harness import Case, Op, model_tokens, narrowing_copy, nbytes, run_family, standard_providers
 
 TOKENS = (1, 16, 128, 1024, 2048, 4096, 8192, 16384, 65536)
 HIDDEN = 4096
@@ -192,8 +192,8 @@ def ops(grid: str = "default") -> list[Op]:
         hiddens, tokens = QUICK_HIDDENS, QUICK_TOKENS
         group_hiddens, group_tokens = QUICK_GROUP_HIDDENS, QUICK_TOKENS
     else:
-        hiddens, tokens = MODEL_HIDDENS, MODEL_TOKENS
-        group_hiddens, group_tokens = MODEL_GROUP_HIDDENS, MODEL_TOKENS
+        hiddens, tokens = MODEL_HIDDENS, model_tokens(grid)
+        group_hiddens, group_tokens = MODEL_GROUP_HIDDENS, tokens
 
     def cases(kind):
         return [make_case(t, h, torch.bfloat16, kind) for h in hiddens for t in tokens]

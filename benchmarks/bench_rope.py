@@ -53,6 +53,7 @@ from harness import (
     Op,
     Provider,
     fixed,
+    model_tokens,
     nbytes,
     run_family,
     torch_compiled,
@@ -354,6 +355,9 @@ def ops(grid: str = "default") -> list[Op]:
         )
         qk_heads, qk_tokens = (
             (QUICK_QK_HEADS, QUICK_TOKENS) if quick else (MODEL_QK_HEADS, QK_TOKENS)
+        )
+        tokens, kv_tokens, qk_tokens = (
+            model_tokens(grid, x) for x in (tokens, kv_tokens, qk_tokens)
         )
         rope = [
             rope_case(t, neox, hq, hk, d, rot) for hq, hk, d, rot, neox in heads for t in tokens

@@ -23,7 +23,7 @@ import sys
 
 import sglang_provider as sglang_jit
 import torch
-from harness import Case, Op, nbytes, run_family, standard_providers
+from harness import Case, Op, model_tokens, nbytes, run_family, standard_providers
 
 BATCHES = (1, 16, 128, 1024, 8192, 65536)
 FLIP = True
@@ -93,6 +93,7 @@ def ops(grid: str = "default") -> list[Op]:
     else:
         quick = grid == "quick"
         dims, batches = (QUICK_DIMS, QUICK_BATCHES) if quick else (MODEL_DIMS, MODEL_BATCHES)
+        batches = model_tokens(grid, batches)
         cases = [make_case(b, d, torch.float32) for d in dims for b in batches]
         cases += [make_case(b, 256, torch.bfloat16) for b in batches]
     return [

@@ -52,9 +52,18 @@ MATCH_RATIO = 0.98
 AT_FLOOR_TOLERANCE = 0.02
 
 Inputs = dict[str, Any]
-GRIDS = ("default", "models", "quick")
+GRIDS = ("default", "models", "decode", "quick")
 # The `models` grid's shared facts. Token counts, decode to long prefill:
 MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
+# The `decode` grid: the models grid's shapes at a serving engine's decode batch sizes.
+DECODE_TOKENS = (1, 4, 16, 64, 256)
+
+
+def model_tokens(grid: str, tokens: Sequence[int] = MODEL_TOKENS) -> Sequence[int]:
+    """A models-grid series' token counts: ``tokens``, or DECODE_TOKENS on the decode grid."""
+    return DECODE_TOKENS if grid == "decode" else tokens
+
+
 # (q heads, kv heads, head_dim) of real attention layers: Qwen3-0.6B/1.7B 16/8x128, Qwen2.5-7B
 # 28/4x128, Llama-3-8B / Qwen3-8B 32/8x128, Qwen3-14B 40/8x128, Qwen3-32B / Llama-3-70B 64/8x128,
 # Llama-3.1-405B 128/8x128, Gemma-2-2B 8/4x256, small models' 14/2x64.
@@ -893,7 +902,7 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         choices=GRIDS,
         default="default",
         help="default: the family's headline shapes; models: the grid of real models' shapes; "
-        "quick: a subset of that grid",
+        "decode: those shapes at decode batch sizes (1-256 tokens); quick: a subset of the models grid",
     )
     ap.add_argument(
         "--series", help="only cases whose series contains one of these (comma separated)"
