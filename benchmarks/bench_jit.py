@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -996,8 +997,9 @@ def eager_verdict(ours: float | None, theirs: float | None) -> str:
     return "met" if not misses else "NOT met: " + ", ".join(misses)
 
 
-def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
-    """The eager table (markdown, also printed row by row) and the ops sgljit has no time for.
+def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tuple[str, list[str]]:
+    """The eager table (markdown, also printed row by row) and the ops sgljit has no time for;
+    ``only``: the rows whose label contains one of these.
     Without a CUDA GPU: one line saying so, and no failures. (``dev="cpu"`` only checks the
     table's wiring: sgljit's reference backend, and sglang-jit missing.)"""
     import torch
@@ -1035,6 +1037,8 @@ def bench_eager(calls: int, dev: str = "cuda") -> tuple[str, list[str]]:
     available = set(dir(sgljit.ops))
     for spec in _eager_specs(dev):
         op = spec["op"]
+        if only and not any(o in op for o in only):
+            continue
         name = op.split()[0]
         contestants = []
         try:
@@ -1125,6 +1129,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--eager-calls", type=int, default=10000, help="calls per round in the eager table"
+    )
+    ap.add_argument(
+        "--eager-ops",
+        type=lambda text: [o for o in text.split(",") if o],
+        default=[],
+        help="with --eager-only: only the rows whose op contains one of these (comma separated)",
     )
     ap.add_argument(
         "--with-host",
@@ -1230,9 +1240,9 @@ def _set_env(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-def _eager_section(calls: int) -> tuple[str, list[str]]:
+def _eager_section(calls: int, only: Sequence[str] = ()) -> tuple[str, list[str]]:
     try:
-        return bench_eager(calls)
+        return bench_eager(calls, only=only)
     except Exception as e:  # a row's own errors are in its cells; this is the table failing
         print(f"eager table: FAILED\n    {e}", flush=True)
         return f"eager table: failed: {_short(e)}\n", ["eager table"]
@@ -1251,7 +1261,7 @@ def _main_eager_only(args: argparse.Namespace, machine: str) -> int:
                 rep.error("host overhead", e)
         _set_env("SGLJIT_CACHE_DIR", cache_dir)
         host = rep.table() + "\n"
-    eager_text, failed = _eager_section(args.eager_calls)
+    eager_text, failed = _eager_section(args.eager_calls, args.eager_ops)
     _write_report(
         args, f"Eager host time per call — {machine}", ["", host, eager_text], "jit_eager.md"
     )
