@@ -1,21 +1,22 @@
-"""A whole model with and without ``sgljit.integrations``: HF transformers' Llama at Llama-3-8B's
-shapes (random init, nothing downloaded), patched against unpatched, on a CUDA GPU.
+"""Whole models with and without ``sgljit.integrations``: HF transformers' Llama, Qwen3 and Gemma 3
+at real models' shapes (random init, nothing downloaded), patched against unpatched, on a CUDA GPU.
 
-    python3 benchmarks/bench_models.py              # writes benchmarks/results/<gpu>/models.md
-    python3 benchmarks/bench_models.py --layers 8   # fewer layers (same shapes)
-    python3 benchmarks/bench_models.py --dry-run    # a tiny config on the CPU: wiring check only
+    python3 benchmarks/bench_models.py                   # writes benchmarks/results/<gpu>/models.md
+    python3 benchmarks/bench_models.py --families llama --layers 8 --prefill 1024
+    python3 benchmarks/bench_models.py --dry-run         # toy configs on the CPU: wiring check only
 
-Measured (HF eager, sdpa attention, batch 1, bf16):
-- prefill: one forward over ``--tokens`` tokens (2048), logits of the last token only;
-- decode: one token at that context, on a DynamicCache holding the prefill (the step's token is
-  cropped off again after each timed call);
+Measured (HF eager, sdpa attention, batch 1, bf16), for each family:
+- prefill: one forward over each of ``--prefill``'s token counts, logits of the last token only;
+- decode: one token at ``--context`` tokens of context, on a DynamicCache holding that prefill (the
+  step's token is cropped off again after each timed call);
 each as the median of ``--iters`` calls after ``--warmup`` calls, CUDA events around the call
-(host time included: eager decoding is launch-bound, which is what the patch changes).
+(host time included: eager decoding is launch-bound, which is what the patch changes); HF and
+patched alternate, ``--rounds`` times, and each keeps its best round.
 
-Agreement: the prefill's logits at every position (patched vs HF, and both against the float32
-model with the same weights), and 32 greedy tokens after the prompt — in float32 (token for token)
-and bfloat16 (random weights leave near-tied logits that any bf16 rounding can flip; HF's own bf16
-against its float32 is printed beside it for that reason).
+Agreement (``--agree-tokens`` of prompt): the prefill's logits at every position (patched vs HF,
+and both against the float32 model with the same weights), and ``--steps`` greedy tokens after the
+prompt — in float32 (token for token) and bfloat16 (random weights leave near-tied logits that any
+bf16 rounding can flip; HF's own bf16 against its float32 is printed beside it for that reason).
 """
 
 from __future__ import annotations
@@ -32,47 +33,100 @@ from pathlib import Path
 import torch
 from harness import command_line, machine_name, now_utc, results_dir, versions
 
-LLAMA3_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=128256,
-    rope_theta=500000.0,
-    rms_norm_eps=1e-5,
-    max_position_embeddings=8192,
-)
-TINY = dict(  # --dry-run
+# Each family at one real model's shapes (random init, nothing downloaded): its config class, model
+# class and shapes. --layers keeps the shapes and cuts the depth.
+FAMILIES = {
+    "llama": (  # Llama-3-8B
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=8192,
+        ),
+    ),
+    "qwen3": (  # Qwen3-8B: per-head q_norm / k_norm too
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=8192,
+        ),
+    ),
+    "gemma3": (  # Gemma-3-4B's text model: (1 + w) norms, q_norm / k_norm, 256-wide heads
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            hidden_size=2560,
+            intermediate_size=10240,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            vocab_size=262208,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=8192,
+            sliding_window=1024,
+        ),
+    ),
+}
+# --dry-run: the same families at toy sizes on the CPU
+TINY = dict(
     hidden_size=256,
     intermediate_size=512,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=64,
     vocab_size=512,
-    rope_theta=500000.0,
-    rms_norm_eps=1e-5,
     max_position_embeddings=1024,
 )
+# Prefill lengths (tokens) timed: one token to long prompts
+PREFILL_TOKENS = (1, 16, 128, 1024, 4096)
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=32, help="decoder layers (Llama-3-8B: 32)")
     ap.add_argument(
-        "--tokens", type=int, default=2048, help="prompt length (prefill, decode context)"
+        "--families", default=",".join(FAMILIES), help="comma separated, of " + ", ".join(FAMILIES)
     )
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers (the shapes stay)")
+    ap.add_argument(
+        "--prefill",
+        default=",".join(map(str, PREFILL_TOKENS)),
+        help="prompt lengths timed (comma separated)",
+    )
+    ap.add_argument("--context", type=int, default=2048, help="the decode step's context")
+    ap.add_argument("--agree-tokens", type=int, default=256, help="prompt of the agreement check")
     ap.add_argument("--steps", type=int, default=32, help="greedy tokens compared")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2, help="HF / patched alternations")
     ap.add_argument("--out", help="results folder (default benchmarks/results/<gpu>)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument(
-        "--dry-run", action="store_true", help="tiny config on the CPU, nothing written"
+        "--dry-run", action="store_true", help="toy configs on the CPU, nothing written"
     )
     args, unknown = ap.parse_known_args(argv)  # `nox -s bench` passes the family scripts' options
     if unknown:
         print(f"bench_models: ignoring {' '.join(unknown)}")
+    args.families = [f for f in args.families.split(",") if f]
+    bad = [f for f in args.families if f not in FAMILIES]
+    if bad:
+        ap.error(f"--families: unknown {', '.join(bad)}; expected some of {', '.join(FAMILIES)}")
+    args.prefill = [int(t) for t in args.prefill.split(",") if t]
     return args
 
 
@@ -155,9 +209,12 @@ def same_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(diff[0, 0]) if diff.numel() else a.numel()
 
 
-def measure(model, ids, timer: Timer) -> tuple[tuple[float, float], dict]:
-    """(prefill ms, decode ms), and the sgljit ops one decode step calls."""
-    prefill_ms = timer(lambda: model(ids, use_cache=False, logits_to_keep=1))
+def prefill_ms(model, ids, timer: Timer) -> float:
+    return timer(lambda: model(ids, use_cache=False, logits_to_keep=1))
+
+
+def decode_ms(model, ids, timer: Timer) -> tuple[float, dict]:
+    """One decode step at ``ids``' context (ms), and the sgljit ops that step calls."""
     out = model(ids, use_cache=True, logits_to_keep=1)
     cache, next_token = out.cache, out.logits[:, -1:].argmax(-1)
 
@@ -167,15 +224,87 @@ def measure(model, ids, timer: Timer) -> tuple[tuple[float, float], dict]:
     def drop_token():
         cache.crop(-1)
 
-    decode_ms = timer(decode, after=drop_token)
+    ms = timer(decode, after=drop_token)
     with counting_ops() as calls:
         decode()
         drop_token()
-    return (prefill_ms, decode_ms), dict(calls)
+    return ms, dict(calls)
 
 
 def all_logits(model, ids) -> torch.Tensor:
     return model(ids, use_cache=False).logits.float()
+
+
+def build(family: str, layers: int, device: torch.device, tiny: bool):
+    import transformers
+
+    config_name, model_name, shapes = FAMILIES[family]
+    shapes = {**shapes, **TINY} if tiny else shapes
+    config = getattr(transformers, config_name)(num_hidden_layers=layers, **shapes)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        return getattr(transformers, model_name)(config).eval()
+
+
+def bench_family(family: str, args, device: torch.device) -> dict:
+    """The family's timings, op counts and agreement (see the module docstring)."""
+    import sgljit.integrations as sgl
+
+    t0 = time.perf_counter()
+    model = build(family, args.layers, device, args.dry_run)
+    config = model.config
+    print(f"{family}: built {args.layers} layers in {time.perf_counter() - t0:.1f} s", flush=True)
+    g = torch.Generator().manual_seed(0)
+
+    def prompt(n: int) -> torch.Tensor:
+        return torch.randint(0, config.vocab_size, (1, n), generator=g).to(device)
+
+    agree_ids = prompt(args.agree_tokens)
+    agreement = {}
+    with torch.inference_mode():
+        # Float32 first (the reference for both dtypes), then the same weights in bf16.
+        exact = all_logits(model, agree_ids)
+        hf_tokens32 = greedy(model, agree_ids, args.steps)
+        sgl.apply_to_model(model)
+        ours32 = all_logits(model, agree_ids)
+        our_tokens32 = greedy(model, agree_ids, args.steps)
+        sgl.revert()
+        agreement["float32"] = (ours32, exact, our_tokens32, hf_tokens32)
+        del ours32
+        model.to(torch.bfloat16)
+        hf16 = all_logits(model, agree_ids)
+        hf_tokens16 = greedy(model, agree_ids, args.steps)
+        sgl.apply_to_model(model)
+        ours16 = all_logits(model, agree_ids)
+        our_tokens16 = greedy(model, agree_ids, args.steps)
+        sgl.revert()
+        agreement["bfloat16"] = (ours16, hf16, our_tokens16, hf_tokens16)
+
+        timer = Timer(device, args.warmup, args.iters)
+        phases = [(f"prefill {n}", prompt(n)) for n in args.prefill]
+        context = prompt(args.context)
+        best: dict[tuple[str, str], float] = {}
+        counts: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for label, patch in (("HF", False), ("HF + sgljit", True)):
+                if patch:
+                    sgl.apply_to_model(model)
+                times = {name: prefill_ms(model, ids, timer) for name, ids in phases}
+                times[f"decode at {args.context}"], counts[label] = decode_ms(model, context, timer)
+                sgl.revert()
+                for name, ms in times.items():
+                    best[name, label] = min(ms, best.get((name, label), float("inf")))
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {
+        "config": config,
+        "best": best,
+        "counts": counts,
+        "agreement": agreement,
+        "exact": exact,
+    }
 
 
 def main(argv=None) -> int:
@@ -184,70 +313,29 @@ def main(argv=None) -> int:
         print("SKIP bench_models: needs a CUDA GPU; use --dry-run to check the wiring on the CPU")
         return 0
     try:
-        import transformers
+        import transformers  # noqa: F401
     except ImportError:
         print("SKIP bench_models: transformers is not installed")
         return 0
-    import sgljit.integrations as sgl
-
     device = torch.device("cpu" if args.dry_run else "cuda")
-    shapes = TINY if args.dry_run else LLAMA3_8B
-    tokens = min(args.tokens, 64) if args.dry_run else args.tokens
-    config = transformers.LlamaConfig(num_hidden_layers=args.layers, **shapes)
-    config._attn_implementation = "sdpa"
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, config.vocab_size, (1, tokens), generator=g).to(device)
-
-    # Float32 first (the reference for both dtypes), then the same weights in bf16.
-    torch.manual_seed(0)
-    t0 = time.perf_counter()
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(config).eval()
-    print(f"built {args.layers} layers in {time.perf_counter() - t0:.1f} s", flush=True)
-    agreement = {}
-    with torch.inference_mode():
-        exact = all_logits(model, ids)
-        hf_tokens32 = greedy(model, ids, args.steps)
-        sgl.apply_to_llama()
-        ours32 = all_logits(model, ids)
-        our_tokens32 = greedy(model, ids, args.steps)
-        sgl.revert()
-        agreement["float32"] = (ours32, exact, our_tokens32, hf_tokens32)
-        del ours32
-        model.to(torch.bfloat16)
-        hf16 = all_logits(model, ids)
-        hf_tokens16 = greedy(model, ids, args.steps)
-        sgl.apply_to_llama()
-        ours16 = all_logits(model, ids)
-        our_tokens16 = greedy(model, ids, args.steps)
-        sgl.revert()
-        agreement["bfloat16"] = (ours16, hf16, our_tokens16, hf_tokens16)
-
-        timer = Timer(device, args.warmup, args.iters)
-        timings, counts = {}, {}
-        for label, patch in (("HF", False), ("HF + sgljit", True)):
-            if patch:
-                sgl.apply_to_llama()
-            timings[label], counts[label] = measure(model, ids, timer)
-            sgl.revert()
-
-    text = report(args, config, tokens, timings, counts, agreement, exact)
+    if args.dry_run:
+        args.prefill = [min(t, 32) for t in args.prefill]
+        args.context, args.agree_tokens = min(args.context, 32), min(args.agree_tokens, 32)
+    results = {family: bench_family(family, args, device) for family in args.families}
+    text = report(args, results)
     print(text)
     if not args.no_write and (not args.dry_run or args.out):
         out_dir = Path(args.out) if args.out else results_dir(machine_name())
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "models.md").write_text(text)
         print(f"written: {out_dir / 'models.md'}")
-    bad = (
-        counts["HF + sgljit"].get("rmsnorm", 0) == 0
-        or counts["HF + sgljit"].get("apply_rope", 0) == 0
-    )
-    if bad:
-        print("!! the patched model called no sgljit kernel")
+    bad = [f for f, r in results.items() if not r["counts"]["HF + sgljit"]]
+    for family in bad:
+        print(f"!! the patched {family} model called no sgljit kernel")
     return 1 if bad else 0
 
 
-def report(args, config, tokens, timings, counts, agreement, exact) -> str:
+def report(args, results: dict) -> str:
     v = versions()
     for dist in ("transformers",):
         try:
@@ -257,66 +345,61 @@ def report(args, config, tokens, timings, counts, agreement, exact) -> str:
     out = [f"# models — {machine_name()}", ""]
     if args.dry_run:
         out += [
-            "**Dry run on the CPU (a tiny config): wiring check only, not benchmark numbers.**",
+            "**Dry run on the CPU (toy configs): wiring check only, not benchmark numbers.**",
             "",
         ]
-    shape = (
-        f"hidden {config.hidden_size}, {config.num_attention_heads} heads / "
-        f"{config.num_key_value_heads} KV heads × {config.head_dim}, MLP {config.intermediate_size}, "
-        f"vocab {config.vocab_size}"
-    )
     out += [
         f"- command: `{command_line()}`",
         f"- date: {now_utc()}",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"- model: HF `LlamaForCausalLM`, {'a tiny config' if args.dry_run else 'Llama-3-8B shapes'} "
-        f"({shape}), {config.num_hidden_layers} layers, random init, sdpa attention, eager, batch 1",
-        "- patch: `sgljit.integrations.apply_to_llama()` (RMSNorm → `rmsnorm`, "
-        "`apply_rotary_pos_emb` → `apply_rope`)",
+        f"- models: HF's, {args.layers} layers at real models' shapes (below), random init, sdpa "
+        "attention, eager, batch 1, bf16; patched by `sgljit.integrations.apply_to_model(model)`",
         f"- timing: CUDA events around each call (host time included), {args.warmup} warm-up "
-        f"calls, median of {args.iters}",
+        f"calls, median of {args.iters}; HF and patched alternate {args.rounds} times, best round",
         "",
-        "| phase (bfloat16) | HF ms | HF + sgljit ms | speed-up |",
-        "|---|---:|---:|---:|",
     ]
-    names = (
-        f"prefill {tokens} tokens (last token's logits)",
-        f"decode 1 token at {tokens} context",
-    )
-    for i, name in enumerate(names):
-        hf, ours = timings["HF"][i], timings["HF + sgljit"][i]
-        out.append(f"| {name} | {hf:.3f} | {ours:.3f} | {hf / ours:.2f}× |")
-    patched = counts["HF + sgljit"]
-    out += [
-        "",
-        "sgljit kernels in one patched decode step: "
-        + ", ".join(f"{k} × {n}" for k, n in sorted(patched.items()))
-        + f" (unpatched: {sum(counts['HF'].values())})",
-        "",
-        "## Agreement",
-        "",
-        f"Prefill logits at all {tokens} positions; greedy: tokens equal before the first "
-        f"difference, of {args.steps}.",
-        "",
-        "| dtype | max \\|patched − HF\\| | max \\|HF − fp32\\| | max \\|patched − fp32\\| "
-        "| max \\|logit\\| | greedy patched = HF | HF = fp32 | patched = fp32 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    hf_tokens32 = agreement["float32"][3]
-    for dtype, (ours, hf, our_tokens, hf_tokens) in agreement.items():
-        d = (ours - hf).abs().max().item()
-        hf_err = (hf - exact).abs().max().item()
-        our_err = (ours - exact).abs().max().item()
-        scale = exact.abs().max().item()
-        greedy_ours = same_prefix(our_tokens, hf_tokens)
-        greedy_hf = same_prefix(hf_tokens, hf_tokens32)
-        greedy_exact = same_prefix(our_tokens, hf_tokens32)
-        out.append(
-            f"| {dtype} | {d:.3g} | {hf_err:.3g} | {our_err:.3g} | {scale:.3g} "
-            f"| {greedy_ours}/{args.steps} | {greedy_hf}/{args.steps} "
-            f"| {greedy_exact}/{args.steps} |"
-        )
-    return "\n".join(out) + "\n"
+    for family, r in results.items():
+        c = r["config"]
+        out += [
+            f"## {family}: {FAMILIES[family][1]}",
+            "",
+            f"hidden {c.hidden_size}, {c.num_attention_heads} heads / {c.num_key_value_heads} KV "
+            f"heads × {c.head_dim}, MLP {c.intermediate_size}, vocab {c.vocab_size}",
+            "",
+            "| phase (bfloat16) | HF ms | HF + sgljit ms | speed-up |",
+            "|---|---:|---:|---:|",
+        ]
+        for name in dict.fromkeys(name for name, _ in r["best"]):
+            hf, ours = r["best"][name, "HF"], r["best"][name, "HF + sgljit"]
+            out.append(f"| {name} | {hf:.3f} | {ours:.3f} | {hf / ours:.2f}× |")
+        patched = r["counts"]["HF + sgljit"]
+        out += [
+            "",
+            "sgljit kernels in one patched decode step: "
+            + (", ".join(f"{k} × {n}" for k, n in sorted(patched.items())) or "none"),
+            "",
+            f"Agreement: prefill logits at all {args.agree_tokens} positions; greedy: tokens equal "
+            f"before the first difference, of {args.steps}.",
+            "",
+            "| dtype | max \\|patched − HF\\| | max \\|HF − fp32\\| | max \\|patched − fp32\\| "
+            "| max \\|logit\\| | greedy patched = HF | HF = fp32 | patched = fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        exact = r["exact"]
+        hf_tokens32 = r["agreement"]["float32"][3]
+        for dtype, (ours, hf, our_tokens, hf_tokens) in r["agreement"].items():
+            d = (ours - hf).abs().max().item()
+            hf_err = (hf - exact).abs().max().item()
+            our_err = (ours - exact).abs().max().item()
+            scale = exact.abs().max().item()
+            out.append(
+                f"| {dtype} | {d:.3g} | {hf_err:.3g} | {our_err:.3g} | {scale:.3g} "
+                f"| {same_prefix(our_tokens, hf_tokens)}/{args.steps} "
+                f"| {same_prefix(hf_tokens, hf_tokens32)}/{args.steps} "
+                f"| {same_prefix(our_tokens, hf_tokens32)}/{args.steps} |"
+            )
+        out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
