@@ -997,6 +997,48 @@ def eager_verdict(ours: float | None, theirs: float | None) -> str:
     return "met" if not misses else "NOT met: " + ", ".join(misses)
 
 
+def _eager_warm(index: int) -> str:
+    """(A worker process) builds row ``index``'s modules by calling each side once: the kernels
+    load from the on-disk caches when the table times them."""
+    import torch
+
+    import sgljit
+
+    spec = _eager_specs("cuda")[index]
+    done = []
+    for side in ("sgljit", "sglang"):
+        try:
+            if side == "sgljit":
+                fn, inputs = spec["sgljit"](sgljit.ops), spec["inputs"]()
+            elif "sglang" in spec:
+                inputs = spec["inputs"]()
+                prepare = spec.get("sglang_prepare")
+                fn, inputs = spec["sglang"](), prepare(inputs) if prepare else inputs
+            else:
+                continue
+            fn(inputs)
+            torch.cuda.synchronize()
+            done.append(side)
+        except Exception as e:  # the table reports it
+            done.append(f"{side}: {_short(e)}")
+    return f"{spec['op']}: {', '.join(done)}"
+
+
+def warm_eager(jobs: int, only: Sequence[str] = ()) -> None:
+    """Build the eager table's modules (both sides) in ``jobs`` spawned processes."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    specs = _eager_specs("cpu")
+    rows = [i for i, s in enumerate(specs) if not only or any(o in s["op"] for o in only)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=sys.path.insert, initargs=(0, str(HERE))
+    ) as pool:
+        for line in pool.map(_eager_warm, rows):
+            print(f"  warm: {line}", flush=True)
+
+
 def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tuple[str, list[str]]:
     """The eager table (markdown, also printed row by row) and the ops sgljit has no time for;
     ``only``: the rows whose label contains one of these.
@@ -1137,6 +1179,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --eager-only: only the rows whose op contains one of these (comma separated)",
     )
     ap.add_argument(
+        "--eager-precompile",
+        type=int,
+        default=0,
+        metavar="JOBS",
+        help="with --eager-only: first build every row's modules (sgljit's and sglang's) in JOBS "
+        "processes",
+    )
+    ap.add_argument(
         "--with-host",
         action="store_true",
         help="with --eager-only: also the host-overhead rows (bare and checked tvm-ffi calls, "
@@ -1261,6 +1311,8 @@ def _main_eager_only(args: argparse.Namespace, machine: str) -> int:
                 rep.error("host overhead", e)
         _set_env("SGLJIT_CACHE_DIR", cache_dir)
         host = rep.table() + "\n"
+    if args.eager_precompile and _has_gpu():
+        warm_eager(args.eager_precompile, args.eager_ops)
     eager_text, failed = _eager_section(args.eager_calls, args.eager_ops)
     _write_report(
         args, f"Eager host time per call — {machine}", ["", host, eager_text], "jit_eager.md"
