@@ -143,21 +143,9 @@ SGLJIT_DEVICE void pdl_wait() {
 #endif
 }
 
-#ifndef SGLJIT_AB_TRIGGER
-#define SGLJIT_AB_TRIGGER 1  // A/B: 0 = no early trigger (dependents launch at the grid's exit)
-#endif
-#ifndef SGLJIT_AB_PREFETCH
-#define SGLJIT_AB_PREFETCH 1  // A/B: 0 = no L2 prefetch before the PDL wait
-#endif
 SGLJIT_DEVICE void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (SGLJIT_AB_TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-// A/B: an explicit trigger at the end of a kernel (the production trigger is off with SGLJIT_AB_TRIGGER=0).
-SGLJIT_DEVICE void pdl_launch_dependents_late() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -167,7 +155,7 @@ SGLJIT_DEVICE void pdl_launch_dependents_late() {
 // scheduled early by PDL use it to move their first DRAM round trip under the previous kernel's tail.
 SGLJIT_DEVICE void prefetch_l2(const void* ptr) {
 #if defined(__CUDA_ARCH__)
-  if (SGLJIT_AB_PREFETCH) asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 #endif
 }
 
@@ -178,7 +166,7 @@ SGLJIT_DEVICE void prefetch_l2(const void* ptr) {
 // H200. A no-op before sm_90 (no bulk copies there; no PDL either, so nothing to overlap).
 SGLJIT_DEVICE void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (SGLJIT_AB_PREFETCH) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 #endif
 }
 

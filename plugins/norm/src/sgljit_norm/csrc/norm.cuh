@@ -255,16 +255,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
 #pragma unroll
         for (int j = 0; j < kVPT; ++j) {
           if (has(j)) {
-#ifndef NORM_AB_PLAIN_LOADS
-#define NORM_AB_PLAIN_LOADS 0
-#endif
-            // NORM_AB_PLAIN_LOADS: x by a plain ld.global (as sglang's rmsnorm), not ld.global.nc.
-            if constexpr (NORM_AB_PLAIN_LOADS && !kFused) {
-              const uint4 v = *reinterpret_cast<const uint4*>(s.in + off[i].in + col(j));
-              memcpy(&x[i][j], &v, sizeof(v));
-            } else {
-              sgljit::load16_readonly(x[i][j], s.in + off[i].in + col(j));
-            }
+            sgljit::load16_readonly(x[i][j], s.in + off[i].in + col(j));
             if constexpr (kFused) sgljit::load16_readonly(r[i][j], s.res + off[i].res + col(j));
           }
         }
@@ -373,12 +364,8 @@ __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
       prefetch_rows<T, W, kHB, kTarget, kBlock, kFused>(b, blockIdx.x - grid_a);
     }
   }
-#ifndef NORM_AB_LATE_TRIGGER
-#define NORM_AB_LATE_TRIGGER 0
-#endif
-  // NORM_AB_LATE_TRIGGER: dependents launch when every block has finished its rows (as sglang's rmsnorm).
   sgljit::pdl_wait();
-  if (!NORM_AB_LATE_TRIGGER) sgljit::pdl_launch_dependents();
+  sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
     norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound>(a, blockIdx.x, grid_a, eps, red);
   } else {
@@ -387,7 +374,6 @@ __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
                                                                    red);
     }
   }
-  if (NORM_AB_LATE_TRIGGER) sgljit::pdl_launch_dependents();
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -61,10 +61,7 @@ struct Geometry {
   static constexpr int kCosVec = VEC < kVecSize<CacheT> ? VEC : kVecSize<CacheT>;
   // Heads per work item: cos/sin are re-read once per item, but each head holds 2 vectors of
   // registers; 2 heads of 16-byte vectors of 2-byte types, 4 of narrower vectors.
-#ifndef ROPE_AB_HEADS
-#define ROPE_AB_HEADS 0  // A/B: heads per work item (0: production)
-#endif
-  static constexpr int kHeads = ROPE_AB_HEADS ? ROPE_AB_HEADS : VEC >= 8 ? 2 : 4;
+  static constexpr int kHeads = VEC >= 8 ? 2 : 4;
   // gptj with whole pairs per vector (needs an even VEC); cos/sin then come VEC/2 per vector side.
   template <bool NEOX>
   static constexpr bool kSplit = !NEOX && VEC >= 2;
@@ -74,10 +71,7 @@ struct Geometry {
 template <int ROT, int VEC>
 struct RopeConfig {
   using G = Geometry<ROT, VEC>;
-#ifndef ROPE_AB_BLOCK
-#define ROPE_AB_BLOCK 128  // A/B
-#endif
-  static constexpr int kBlockTarget = ROPE_AB_BLOCK;  // threads per block: more, smaller blocks per SM than 256
+  static constexpr int kBlockTarget = 128;  // threads per block: more, smaller blocks per SM than 256
   static constexpr int kGroups = G::groups_for(kBlockTarget);
   static constexpr int kBlock = G::kLanes * kGroups;
   // Registers per thread: 56 for 16-byte vectors of 2-byte types (9 blocks of 128 per SM); 64 for
@@ -384,10 +378,6 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
       }
     }
   }
-#ifndef ROPE_AB_LATE
-#define ROPE_AB_LATE 0  // A/B: trigger after the loop (with SGLJIT_AB_TRIGGER=0)
-#endif
-  if (ROPE_AB_LATE) pdl_launch_dependents_late();
 }
 
 // ------------------------------------------------------------------------------------------------
