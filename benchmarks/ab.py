@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("family", help="norm, rope, quant_fp8, timestep_embedding")
+    ap.add_argument("family", help="activation, norm, rope, quant_fp8, timestep_embedding")
     ap.add_argument(
         "--variant", action="append", type=parse_variant, required=True, help="NAME=FLAGS"
     )

@@ -51,6 +51,21 @@ def _rows_in_place(x, rows, row_stride, width, ROWS: tl.constexpr, COLS: tl.cons
     tl.store(p, tl.load(p, mask=m), mask=m)
 
 
+# gate and up (the halves of each row of x) read, their sum (of out's element type: 2-byte, or 1-byte
+# for fp8 codes) written: a program per tile of ROWS rows x COLS columns of out
+@triton.jit
+def _halves_to_rows(
+    x, out, rows, width, x_stride, out_stride, ROWS: tl.constexpr, COLS: tl.constexpr
+):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    m = (r[:, None] < rows) & (c[None, :] < width)
+    src = x + r[:, None].to(tl.int64) * x_stride + c[None, :]
+    s = tl.load(src, mask=m) + tl.load(src + width, mask=m)
+    dst = out + r[:, None].to(tl.int64) * out_stride + c[None, :]
+    tl.store(dst, s.to(out.dtype.element_ty), mask=m)
+
+
 def _launchable(*tensors: torch.Tensor) -> None:
     """Triton launches on GPU tensors, or on any under its interpreter (TRITON_INTERPRET=1)."""
     if os.environ.get("TRITON_INTERPRET") != "1" and not all(t.is_cuda for t in tensors):
@@ -90,3 +105,19 @@ def fused_add_narrow(x: torch.Tensor, res: torch.Tensor, out: torch.Tensor) -> N
         BLOCK=BLOCK,
         num_warps=WARPS,
     )
+
+
+def gate_up(x: torch.Tensor, out: torch.Tensor) -> None:
+    """x ``[T, 2d]`` (16-bit, unit column stride) read, out ``[T, d]`` written (16-bit, or fp8
+    codes): the traffic of a gated activation (silu_and_mul) and of its fused fp8 form (the scales
+    left out). Integer views: the floor moves bytes, no math."""
+    assert x.dim() == 2 and x.stride(1) == 1 and out.stride(1) == 1, (x.stride(), out.stride())
+    _launchable(x, out)
+    rows, width = out.shape
+    cols = min(BLOCK, triton.next_power_of_2(width))
+    grid = (triton.cdiv(rows, BLOCK // cols), triton.cdiv(width, cols))
+    words = out.view(torch.int16 if out.element_size() == 2 else torch.int8)
+    _halves_to_rows[grid](
+        x.view(torch.int16), words, rows, width, x.stride(0), out.stride(0),
+        ROWS=BLOCK // cols, COLS=cols, num_warps=WARPS,
+    )  # fmt: skip

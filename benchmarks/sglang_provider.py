@@ -39,6 +39,9 @@ per_token_group_quant_fp8  per_token_group_quant_8bit.per_token_group_quant_8bit
                            column-major (picked from its strides)
 timestep_embedding         timestep_embedding.timestep_embedding(t, dim, flip_sin_to_cos,
                            downscale_freq_shift, scale, max_period) -> new fp32 [B, dim]
+silu_and_mul (and gelus)   activation.silu_and_mul(input, out), gelu_and_mul, gelu_tanh_and_mul
+silu_and_mul_..._fp8       dsv4.silu_and_mul_contig_post_quant(input, output, output_scale, 128)
+                           (bf16 -> e4m3, row-major scales, d <= 8192)
 =========================  =====================================================================
 
 The rope and fp8 ops are registered by sglang as torch custom ops (``torch.ops.sglang.*``) and
@@ -347,3 +350,42 @@ def load_timestep_embedding(flip_sin_to_cos: bool = False, downscale_freq_shift:
         return y if out is None or out.dtype == torch.float32 else y.to(out.dtype)
 
     return fn
+
+
+# ------------------------------------------------------------------------------------------------
+# gated activations: inputs x ([T, 2d], gate then up), out ([T, d]); the fused fp8 form: out (fp8),
+# scales (fp32 [T, d / 128])
+
+
+def load_act_and_mul(act: str) -> Fn:
+    """``activation.<act>_and_mul(x, out)`` (act: silu, gelu, gelu_tanh): the same contract as
+    sgljit's (fp32 math, one rounding), compiled with ``--use_fast_math`` on sm_90 (sglang's
+    policy: fast ``expf``, ``erff``, ``tanhf`` and division). One 16-byte vector a thread, 256-thread
+    blocks, a flat grid; needs contiguous rows and d a multiple of 16 bytes."""
+    f = getattr(jit_module("activation"), f"{act}_and_mul")
+    return lambda i: f(i["x"], i["out"])
+
+
+def load_silu_and_mul_quant_fp8() -> Fn:
+    """``dsv4.silu_and_mul_contig_post_quant(x, out, scales, 128)``: DeepSeek-V4's fused SiLU-and-mul
+    with per-token-group (128) e4m3 quantization, bf16 only, row-major scales, contiguous rows and d
+    at most 8192 (one block a row, a thread per 8 columns; larger d fails). Different numerics:
+    fast math, scale ``max(absmax, 1e-10) / 448``, codes ``y * (1 / scale)`` (a reciprocal
+    multiply, where sgljit divides: codes may differ by one step)."""
+    f = _dsv4_moe().silu_and_mul_contig_post_quant
+    return lambda i: f(i["x"], i["out"], i["scales"], 128)
+
+
+def _dsv4_moe():
+    """``sglang.jit_kernel.dsv4.moe``: its package's ``__init__`` imports sglang's server (absent
+    from the fetched tree), so the package is entered without running it; moe.py itself needs only
+    ``jit_kernel.utils`` and the package's ``utils``."""
+    import types
+
+    jit_module("utils")  # the tree, the GPU, and sglang's own package first
+    name = "sglang.jit_kernel.dsv4"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(path() / "sglang" / "jit_kernel" / "dsv4")]
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}.moe")

@@ -199,6 +199,25 @@ def test_bench_norm_runs_the_rmsnorm_quant_ops_dry():
     assert "failed" not in proc.stdout, proc.stdout
 
 
+def test_bench_activation_runs_dry():
+    """Every op, sgljit beside torch and the fused op's unfused pair, at one token on the CPU."""
+    proc = run_tool(
+        "bench_activation.py",
+        "--dry-run",
+        "--no-write",
+        "--tokens",
+        "1",
+        "--providers",
+        "sgljit,torch,sgljit-unfused",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"):
+        assert f"## {name}" in proc.stdout
+    assert "## silu_and_mul_per_token_group_quant_fp8" in proc.stdout
+    assert proc.stdout.count("| sgljit-unfused |") == 2, proc.stdout  # d = 2048, 18432
+    assert "failed" not in proc.stdout, proc.stdout
+
+
 def floor_table(subject_us: float, peer_us: float, floor_us: float | None) -> str:
     """op_table of one case: the subject, a peer "torch" and the copy floor (or its error)."""
     case = harness.Case("T=1", 1, lambda device: {}, 1000)
@@ -262,6 +281,12 @@ def test_bench_norm_times_the_copy_floor_unless_no_floor():
 
 # Cases per op of each family's --grid default: the shapes the committed result tables were made with
 DEFAULT_GRID_CASES = {
+    "activation": {
+        "silu_and_mul": 13,
+        "gelu_and_mul": 13,
+        "gelu_tanh_and_mul": 13,
+        "silu_and_mul_per_token_group_quant_fp8": 14,
+    },
     "rope": {"apply_rope": 16, "apply_rope_with_kv_cache": 11, "qknorm_rope": 21},
     "quant_fp8": {
         "per_tensor_dynamic": 9,

@@ -105,6 +105,7 @@ def test_readme_wheelhouse_recipe_and_cli_without_warnings(tmp_path):
     built = sorted(w.name.split("-")[0] for w in wheelhouse.glob("*.whl"))
     assert built == [
         "sgljit",
+        "sgljit_activation",
         "sgljit_norm",
         "sgljit_quant_fp8",
         "sgljit_rope",

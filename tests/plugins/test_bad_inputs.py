@@ -99,6 +99,18 @@ OVERLAPPING = {
         ),
         "out",
     ),
+    "silu_and_mul out": (
+        lambda dev: sgljit.ops.silu_and_mul(
+            torch.randn(T, 2 * H, device=dev), out=expanded((T, H), device=dev)
+        ),
+        "out",
+    ),
+    "silu_and_mul_per_token_group_quant_fp8 scales": (
+        lambda dev: sgljit.ops.silu_and_mul_per_token_group_quant_fp8(
+            torch.randn(T, 4 * H, device=dev), H, scales=expanded((T, 2), device=dev)
+        ),
+        "scales",
+    ),
 }
 
 
@@ -168,6 +180,16 @@ def _group_out_over_input(dev):
     sgljit.ops.per_token_group_quant_fp8(x, H, out=_fp8_bytes_of(x))
 
 
+def _act_out_over_input(dev):
+    x = torch.randn(T, 2 * H, device=dev)
+    sgljit.ops.gelu_and_mul(x, out=x[:, H:])  # out over up
+
+
+def _act_quant_out_over_input(dev):
+    x = torch.randn(T, 2 * H, device=dev)
+    sgljit.ops.silu_and_mul_per_token_group_quant_fp8(x, H, out=_fp8_bytes_of(x)[:, :H])
+
+
 def _timestep_t_in_out(dev):
     buf = torch.rand(T * H, device=dev) * 1000
     sgljit.ops.timestep_embedding(buf[:T], H, out=buf.view(T, H))
@@ -197,6 +219,12 @@ SHARED_WITH_READ = {
     "per_token_quant_fp8 out over input": (_per_token_out_over_input, "out", "input"),
     "per_token_group_quant_fp8 out over input": (_group_out_over_input, "out", "input"),
     "timestep_embedding t in out": (_timestep_t_in_out, "out", "t"),
+    "gelu_and_mul out over up": (_act_out_over_input, "out", "input"),
+    "silu_and_mul_per_token_group_quant_fp8 out over input": (
+        _act_quant_out_over_input,
+        "out",
+        "input",
+    ),
     "apply_rope_with_kv_cache k in k_cache": (_kv_k_in_k_cache, "k_cache", "k"),
     "qknorm_rope cos_sin_cache in q": (_qknorm_rope_cache_in_q, "q", "cos_sin_cache"),
 }

@@ -9,7 +9,7 @@ import torch
 
 from sgljit.fleet import prebuild_jobs
 
-FAMILIES = {"norm", "rope", "quant_fp8", "timestep_embedding"}
+FAMILIES = {"activation", "norm", "rope", "quant_fp8", "timestep_embedding"}
 
 
 @pytest.mark.parametrize("backend", ["cuda", "sycl"])

@@ -132,7 +132,7 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
         print(f"\nnot run: {note}")
     if not rows:
         print(
-            "no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding"
+            "no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding sgljit-activation"
         )
         return 1
     print(f"\n{len(rows) - failed} of {len(rows)} passed")

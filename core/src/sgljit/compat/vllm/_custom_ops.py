@@ -109,3 +109,27 @@ def _heads(x: torch.Tensor, name: str, head_size: int) -> torch.Tensor:
     if x.shape[-1] % head_size:
         raise ValueError(f"{name}: width {x.shape[-1]} is not a multiple of head_size {head_size}")
     return x if x.dim() == 3 else x.unflatten(1, (-1, head_size))
+
+
+# ------------------------------------------------------------------------------------------------
+# Gated activations (vLLM's csrc/activation_kernels.cu): out [..., d] = act(x[..., :d]) * x[..., d:],
+# destination first, returning None. sgljit computes in float32 and rounds once; vLLM's kernels round
+# act(gate) to the dtype before the multiply, so 16-bit results may differ by one rounding. Any width
+# and strided rows are accepted (the last dimension contiguous).
+
+__all__ += ["gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"]
+
+
+def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """``out = silu(input[..., :d]) * input[..., d:]``; input ``[..., 2 * d]``, out ``[..., d]``."""
+    ops.silu_and_mul(input, out=out)
+
+
+def gelu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """``out = gelu(input[..., :d]) * input[..., d:]``, GELU's erf form."""
+    ops.gelu_and_mul(input, out=out)
+
+
+def gelu_tanh_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
+    """``out = gelu_tanh(input[..., :d]) * input[..., d:]``, GELU's tanh approximation."""
+    ops.gelu_tanh_and_mul(input, out=out)
