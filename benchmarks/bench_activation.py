@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from harness import (
     LIGER,
-    MODEL_TOKENS,
     Case,
     Op,
     Provider,
     fixed,
+    model_tokens,
     nbytes,
     run_family,
     standard_providers,
@@ -207,7 +207,8 @@ def ops(grid: str = "default") -> list[Op]:
         return [*act_ops((14336,), TOKENS, moe=(768, 2048)), quant_op(QUANT_DS, TOKENS)]
     if grid == "quick":
         return [*act_ops(QUICK_DS, QUICK_TOKENS), quant_op(QUANT_DS, QUICK_TOKENS)]
-    return [*act_ops(MODEL_DS, MODEL_TOKENS), quant_op(MODEL_DS, MODEL_TOKENS)]
+    tokens = model_tokens(grid)
+    return [*act_ops(MODEL_DS, tokens), quant_op(MODEL_DS, tokens)]
 
 
 if __name__ == "__main__":
