@@ -217,6 +217,32 @@ def test_rope_function_compiles_to_one_graph():
             torch.testing.assert_close(r, e, rtol=0, atol=1e-5)
 
 
+def test_rope_function_as_a_plain_function(monkeypatch, op_calls):
+    """Where the ``kernels`` library is not installed (transformers 5.24 and older) the modeling
+    module holds HF's function itself, not a module standing for it: it is patched the same way."""
+    from transformers.models.llama import modeling_llama
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # HF's, as written
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        rotate_half = modeling_llama.rotate_half
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", apply_rotary_pos_emb)
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 4, 3, HEAD_DIM, generator=g), torch.randn(2, 2, 3, HEAD_DIM, generator=g)
+    angles = torch.rand(1, 3, HEAD_DIM // 2, generator=g) * 50
+    emb = torch.cat((angles, angles), dim=-1)
+    expected = apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    sgl.apply_to_llama(rms_norm=False)
+    patched = modeling_llama.apply_rotary_pos_emb
+    assert patched.__wrapped__ is apply_rotary_pos_emb
+    assert inspect.signature(patched) == inspect.signature(apply_rotary_pos_emb)
+    got = patched(q, k, emb.cos(), emb.sin())
+    assert op_calls["apply_rope", HEAD_DIM] == 1
+    for e, r in zip(expected, got, strict=True):
+        torch.testing.assert_close(r, e, rtol=0, atol=1e-5)
+
+
 def test_rope_function_falls_back(op_calls):
     """Calls the kernel route does not take exactly run HF's function."""
     from transformers.models.llama import modeling_llama
@@ -225,7 +251,7 @@ def test_rope_function_falls_back(op_calls):
     sgl.apply_to_llama(rms_norm=False)
     patched = modeling_llama.apply_rotary_pos_emb
     assert patched is not original
-    assert inspect.signature(patched) == inspect.signature(original)
+    assert list(inspect.signature(patched).parameters) == ["q", "k", "cos", "sin", "unsqueeze_dim"]
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 4, 8, generator=g)
     cos, sin = torch.randn(1, 4, 8, generator=g), torch.randn(1, 4, 8, generator=g)

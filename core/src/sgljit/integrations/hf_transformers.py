@@ -187,7 +187,7 @@ def _check_norm(cls: type, reference, eps_attr: str) -> None:
 def _check_rope(original, family: str) -> None:
     """HF's ``apply_rotary_pos_emb`` must take (q, k, cos, sin, unsqueeze_dim) and rotate neox
     pairs by the first half of cos/sin, as the kernel route does."""
-    params = list(inspect.signature(original).parameters)
+    params = list(function_signature(original).parameters)
     if params != _ROPE_PARAMETERS:
         raise RuntimeError(
             f"transformers {_version()}: {family}'s apply_rotary_pos_emb takes ({', '.join(params)}), "
@@ -278,11 +278,27 @@ def _positions(rows: int, repeats: int, device: torch.device) -> torch.Tensor:
     return _cached_positions(rows, repeats, device)
 
 
+def function_signature(fn) -> inspect.Signature:
+    """The signature of a modeling function. transformers decorates some with the ``kernels``
+    library's ``use_kernel_forward_from_hub`` (from 5.25, which depends on ``kernels``; earlier
+    ones too where ``kernels`` is installed): the name then holds an ``nn.Module`` instance whose
+    forward calls the function, and carries its signature after ``self``."""
+    if isinstance(fn, torch.nn.Module) and hasattr(type(fn), "kernel_layer_name"):
+        signature = inspect.signature(type(fn).forward)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+    return inspect.signature(fn)
+
+
 def _rope_function(original):
-    @functools.wraps(original)
+    """The patched ``apply_rotary_pos_emb``: the kernel, or ``original`` (HF's function, or the
+    module standing for it, which then routes the call through whatever ``kernelize`` chose)."""
+
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if unsqueeze_dim == 1 and _rope_fits(q, k, cos, sin):
             return _rope_kernel(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
+    apply_rotary_pos_emb.__module__ = original.__module__
+    apply_rotary_pos_emb.__wrapped__ = original  # type: ignore[attr-defined]
+    apply_rotary_pos_emb.__signature__ = function_signature(original)  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
