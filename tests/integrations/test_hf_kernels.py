@@ -10,6 +10,8 @@ differs is refused; nothing is fetched from the Hub.
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -94,6 +96,32 @@ def test_training_runs_hf_code(family, op_calls):
         grads.append([loss.detach()] + [p.grad for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
     assert not op_calls
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_compiles_to_one_graph(family):
+    """Kernelized for torch.compile, the model compiles with fullgraph=True (the reference
+    backend on the CPU) and every norm and rope in the graph is sgljit's custom op."""
+    model = build(family)
+    ids, mask = prompt("cpu")
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+    sgl.kernelize(model, kernels.Mode.INFERENCE | kernels.Mode.TORCH_COMPILE)
+    ops = collections.Counter()
+
+    def backend(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and str(node.target).startswith("sgljit."):
+                ops[str(node.target).split(".")[1]] += 1
+        return graph_module.forward
+
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(ids, attention_mask=mask).logits
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
+    assert ops == {norm_op(family): norms, "apply_rope": model.config.num_hidden_layers}
 
 
 def test_nothing_comes_from_the_hub(monkeypatch, op_calls):
