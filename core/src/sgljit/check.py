@@ -52,7 +52,7 @@ def available_backends() -> tuple[list[tuple[str, Any]], list[str]]:
 def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
     from .backend import use_backend
-    from .plugins import discover, load_target
+    from .plugins import discover, known_distributions, load_target
     from .testing import max_error, synchronize
 
     if plugins:
@@ -131,9 +131,7 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
     for note in notes:
         print(f"\nnot run: {note}")
     if not rows:
-        print(
-            "no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding"
-        )
+        print(f"no plugins installed: pip install {' '.join(known_distributions())}")
         return 1
     print(f"\n{len(rows) - failed} of {len(rows)} passed")
     return 1 if failed else 0

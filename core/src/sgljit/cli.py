@@ -39,7 +39,7 @@ def _version_of(dist: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from . import toolchain
     from .cache import cache_root
-    from .plugins import discover, op_table
+    from .plugins import discover, known_distributions, op_table
 
     rows = [
         ("sgljit", __version__),
@@ -86,7 +86,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nplugins:")
     plugins = discover()
     if not plugins:
-        print("  none installed (pip install sgljit-norm sgljit-rope ...)")
+        print(f"  none installed (pip install {' '.join(known_distributions())})")
     table = op_table()
     for plugin in plugins:
         print(f"  {plugin.name:<22} {plugin.distribution:<34} {plugin.status}")
