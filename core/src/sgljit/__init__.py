@@ -85,3 +85,6 @@ def _configure_logging() -> None:
 
 
 _configure_logging()
+# $SGLJIT_BACKEND is checked here, so a bad name fails at import, not at the first op; the module
+# imports nothing heavy.
+importlib.import_module(".backend", __name__)
