@@ -8,6 +8,7 @@ import pytest
 from sgljit import cache, cuda, sycl
 
 from ..conftest import run_python
+from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS
 
 
 @pytest.mark.parametrize("value", ["bogus", "2"])
@@ -88,3 +89,24 @@ def test_xpu_names_the_sycl_backend():
     lines = result.stdout.splitlines()
     assert lines[:2] == ["sycl", "sycl"]
     assert lines[2].startswith("use_backend: expected one of cuda, sycl (or xpu), reference")
+
+
+@pytest.mark.parametrize(
+    "value, lines",
+    [(None, 1), ("info", 2), ("off", 0)],
+    ids=["unset", "info", "off"],
+)
+def test_a_compile_says_so_once_unless_turned_off(cache_dir, value, lines):
+    """A first use compiles for seconds: unset, SGLJIT_LOG prints one line for it (info adds how
+    long it took; off prints nothing)."""
+    env = {"SGLJIT_LOG": value} if value else {}
+    code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
+    if value is None:
+        code = "import os; os.environ.pop('SGLJIT_LOG', None)\n" + code
+    result = run_python(code, env=env)
+    assert result.returncode == 0, result.stderr
+    logged = [line for line in result.stderr.splitlines() if line.startswith("sgljit: ")]
+    assert len(logged) == lines, result.stderr
+    if lines:
+        assert logged[0].startswith("sgljit: compiling add_one"), logged
+        assert "(first use; cached after) ..." in logged[0]

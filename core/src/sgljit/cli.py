@@ -217,10 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cache" and args.action in ("export", "import") and not args.file:
         parser.error(f"cache {args.action} needs a FILE")
-    os.environ.setdefault("SGLJIT_LOG", "info")
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return args.fn(args)
     except (OSError, ValueError, tarfile.TarError, SgljitError) as err:
