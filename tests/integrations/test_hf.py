@@ -32,6 +32,7 @@ from .hf_models import (
     norm_op,
     prompt,
     run,
+    transformers,
     unpatched,
 )
 
@@ -62,6 +63,24 @@ def test_float32_logits_and_greedy_tokens(family, backend, backend_env, op_calls
     if family in PER_HEAD_NORMS:
         assert op_calls[norm_op(family), HEAD_DIM] > 0
     assert op_calls["apply_rope", HEAD_DIM] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_readme_one_liner_with_from_pretrained(family, backend, backend_env, op_calls, tmp_path):
+    """README's example as written: patch, then from_pretrained (which on transformers 5.25
+    kernelizes by default, with the Hub's mapping: none for the CPU, so nothing is fetched and the
+    patched classes serve)."""
+    device, ctx = backend_env
+    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
+    build(family).save_pretrained(tmp_path)
+    with ctx():
+        getattr(sgl, f"apply_to_{family}")()
+        model = getattr(transformers, MODELS[family][1]).from_pretrained(tmp_path).to(device)
+        logits, tokens = run(model.eval(), device)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(tokens, expected_tokens)
+    assert op_calls[norm_op(family), HIDDEN] > 0 and op_calls["apply_rope", HEAD_DIM] > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
