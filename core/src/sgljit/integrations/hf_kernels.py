@@ -53,7 +53,7 @@ __all__ = ["DEVICES", "LAYER_NAMES", "kernel_config", "kernelize"]
 DEVICES = ("cuda", "xpu", "cpu")
 GEMMA_NORM = "GemmaRMSNorm"  # the name sgljit registers Gemma's norm classes under
 
-# What prepare() learned of the classes the layers meet (kept: a fact about a class, not a patch).
+# What _prepare() learned of the classes the layers meet (kept: a fact about a class, not a patch).
 # A norm class checked -> the sgljit forward that serves it (sgljit.nn's, as apply_to_* uses).
 _NORM_FORWARDS: dict[type, object] = {}
 # A rope module class (one per modeling module) -> (an instance of it that only ever runs HF's
@@ -86,7 +86,7 @@ class RotaryPosEmb(torch.nn.Module):
     has_backward = True  # autograd runs transformers' function
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-        # A class prepare() did not meet (another family's): transformers' function only.
+        # A class _prepare() did not meet (another family's): transformers' function only.
         hf, checked = _ROPES.get(type(self)) or _ROPES.setdefault(type(self), (type(self)(), False))
         if checked and unsqueeze_dim == 1 and rope_fits(q, k, cos, sin):
             return rope_kernel(q, k, cos, sin)
@@ -115,7 +115,7 @@ def _mapping(model: torch.nn.Module) -> dict:
     """The ``kernels`` mapping for ``model``: layer name -> device -> repository (every mode) for
     sgljit's layers, and no device for the other names the model registers (their modules keep
     transformers' forward, without the kernels library's warning that it found no mapping).
-    Private: the layers take a class only once :func:`prepare` has checked it."""
+    Private: the layers take a class only once :func:`_prepare` has checked it."""
     mapping: dict = {name: {} for name in _registered_names(model)}
     for name, layer in LAYER_NAMES.items():
         mapping[name] = dict.fromkeys(DEVICES, _REPOSITORIES[layer])
@@ -133,7 +133,7 @@ def _registered_names(model: torch.nn.Module) -> set[str]:
     return names
 
 
-def prepare(model: torch.nn.Module) -> list[str]:
+def _prepare(model: torch.nn.Module) -> list[str]:
     """Check the supported families ``model`` contains and record what the layers need; register
     their Gemma norm classes. Returns the families."""
     _kernels()
@@ -158,7 +158,7 @@ def kernelize(model: torch.nn.Module, mode=None, *, device=None) -> torch.nn.Mod
     ``Mode.INFERENCE``); ``device``: the kernels library's device (default: the parameters').
     Layers without an sgljit layer are set back to transformers' own forward."""
     kernels = _kernels()
-    prepare(model)
+    _prepare(model)
     if mode is None:
         mode = kernels.Mode.TRAINING if model.training else kernels.Mode.INFERENCE
     with kernels.use_kernel_mapping(_mapping(model), inherit_mapping=False):
@@ -194,7 +194,7 @@ def _config_class() -> type:
             super().__init__(kernel_mapping={}, inherit_mapping=False)
 
         def sanitize_kernel_mapping(self, model) -> None:
-            prepare(model)
+            _prepare(model)
             self.store_registered_layer_names(model)
 
         def create_compatible_mapping(self, model, compile: bool = False) -> None:
