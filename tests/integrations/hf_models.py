@@ -78,3 +78,17 @@ def run(model, device: str) -> tuple[torch.Tensor, torch.Tensor]:
 def unpatched(family: str, dtype: torch.dtype, device: str):
     """HF's results (computed before any patch: the autouse fixture reverts after each test)."""
     return run(build(family, dtype, device), device)
+
+
+def assert_matches_hf(family: str, device: str, model, op_calls) -> None:
+    """``model`` (float32, on sgljit) gives HF's logits to 1e-5 and its greedy tokens, and ran the
+    norm of every width (per-head q/k norms too) and rope on sgljit's ops."""
+    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
+    logits, tokens = run(model, device)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    assert tokens.shape == (2, 8 + STEPS)
+    assert torch.equal(tokens, expected_tokens)
+    assert op_calls[norm_op(family), HIDDEN] > 0
+    if family in PER_HEAD_NORMS:
+        assert op_calls[norm_op(family), HEAD_DIM] > 0
+    assert op_calls["apply_rope", HEAD_DIM] > 0

@@ -26,22 +26,13 @@ from .hf_models import (
     HEAD_DIM,
     HIDDEN,
     MODELS,
-    PER_HEAD_NORMS,
-    STEPS,
+    assert_matches_hf,
     build,
     norm_op,
     prompt,
-    run,
     transformers,
     unpatched,
 )
-
-
-@pytest.fixture(autouse=True)
-def _revert():
-    yield
-    sgl.revert()
-
 
 # ------------------------------------------------------------------------------------------------
 # Patched models against unpatched ones
@@ -51,18 +42,10 @@ def _revert():
 @pytest.mark.parametrize("family", MODELS)
 def test_float32_logits_and_greedy_tokens(family, backend, backend_env, op_calls):
     device, ctx = backend_env
-    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
     model = build(family, torch.float32, device)
     with ctx():
         assert sgl.apply_to_model(model) == [family]
-        logits, tokens = run(model, device)
-    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
-    assert tokens.shape == (2, 8 + STEPS)
-    assert torch.equal(tokens, expected_tokens)
-    assert op_calls[norm_op(family), HIDDEN] > 0
-    if family in PER_HEAD_NORMS:
-        assert op_calls[norm_op(family), HEAD_DIM] > 0
-    assert op_calls["apply_rope", HEAD_DIM] > 0
+        assert_matches_hf(family, device, model, op_calls)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -72,15 +55,11 @@ def test_readme_one_liner_with_from_pretrained(family, backend, backend_env, op_
     kernelizes by default, with the Hub's mapping: none for the CPU, so nothing is fetched and the
     patched classes serve)."""
     device, ctx = backend_env
-    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
     build(family).save_pretrained(tmp_path)
     with ctx():
         getattr(sgl, f"apply_to_{family}")()
         model = getattr(transformers, MODELS[family][1]).from_pretrained(tmp_path).to(device)
-        logits, tokens = run(model.eval(), device)
-    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
-    assert torch.equal(tokens, expected_tokens)
-    assert op_calls[norm_op(family), HIDDEN] > 0 and op_calls["apply_rope", HEAD_DIM] > 0
+        assert_matches_hf(family, device, model.eval(), op_calls)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -20,16 +20,13 @@ import sgljit.integrations as sgl
 
 from ..plugins.common import BACKENDS
 from .hf_models import (
-    HEAD_DIM,
     HIDDEN,
     MODELS,
-    PER_HEAD_NORMS,
+    assert_matches_hf,
     build,
     norm_op,
     prompt,
-    run,
     transformers,
-    unpatched,
 )
 
 kernels = pytest.importorskip(
@@ -37,23 +34,6 @@ kernels = pytest.importorskip(
 )
 
 FAMILIES = ["llama", "qwen3", "gemma3"]
-
-
-@pytest.fixture(autouse=True)
-def _revert():
-    yield
-    sgl.revert()
-
-
-def check_against_hf(family, device, model, op_calls) -> None:
-    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
-    logits, tokens = run(model, device)
-    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
-    assert torch.equal(tokens, expected_tokens)
-    assert op_calls[norm_op(family), HIDDEN] > 0
-    if family in PER_HEAD_NORMS:
-        assert op_calls[norm_op(family), HEAD_DIM] > 0
-    assert op_calls["apply_rope", HEAD_DIM] > 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -68,7 +48,7 @@ def test_from_pretrained_with_kernel_config(family, backend, backend_env, op_cal
         )
         model = model.to(device).eval()
         assert model.use_kernels
-        check_against_hf(family, device, model, op_calls)
+        assert_matches_hf(family, device, model, op_calls)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -78,7 +58,7 @@ def test_kernelize(family, backend, backend_env, op_calls):
     model = build(family, device=device)
     with ctx():
         assert sgl.kernelize(model, kernels.Mode.INFERENCE) is model
-        check_against_hf(family, device, model, op_calls)
+        assert_matches_hf(family, device, model, op_calls)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
