@@ -13,7 +13,12 @@ What is patched, in the model family's modeling module (``transformers.models.<f
   ``apply_rope`` table: the call builds that ``[B*S, D]`` table in the model's dtype (one ``cat``),
   takes positions ``0..B*S-1`` (kept per shape) and rotates copies of q and k in one kernel (neox
   pairs = ``rotate_half``). Any other call (partial rotary, another ``unsqueeze_dim``, cos in
-  another dtype, grad needed) runs HF's function.
+  another dtype, grad needed) runs HF's function. Where transformers wraps that function with the
+  ``kernels`` library's hub decorator (5.25, which installs ``kernels``; 5.24 with it installed),
+  the module-level name holds a module standing for it: the patch replaces the name all the
+  same, and its fallback calls that module (so whatever ``kernelize`` chose still runs there).
+
+The same checks and kernels serve transformers' own kernel mechanism: :mod:`.hf_kernels`.
 
 Before patching, each replacement is checked against the installed transformers on small CPU
 tensors (the norm formula bit for bit, the rope convention to 1e-6): a version whose code has
