@@ -90,9 +90,8 @@ def run_checks(
     """Print one table of op, variant, backend, shape, status, max error, tolerance and time per
     call; 0 if all pass. ``ops``: public op names (or declared ones) to keep; ``backends``: the
     backends to run (of those this machine has)."""
-    from .backend import backend_name, use_backend
+    from .backend import backend_name
     from .plugins import discover, known_distributions, load_target
-    from .testing import max_error, synchronize
 
     if plugins:
         installed = {p.name for p in discover()}
@@ -158,7 +157,7 @@ def run_checks(
     compile_log.addFilter(progress)
     try:
         for op, variant, backend, device, case in cases:
-            row, ok = _run_case(case, backend, device, repeats, use_backend, synchronize, max_error)
+            row, ok = _run_case(case, backend, device, repeats)
             rows.append((op, variant or "-", *row))
             failed += not ok
             progress.done += 1
@@ -187,8 +186,11 @@ def run_checks(
     return 1 if failed else 0
 
 
-def _run_case(case, backend, device, repeats, use_backend, synchronize, max_error):
+def _run_case(case: dict, backend: str, device: Any, repeats: int) -> tuple[tuple[str, ...], bool]:
     """(backend, shape, status, max error, tolerance, time) of one case, and whether it passed."""
+    from .backend import use_backend
+    from .testing import max_error, synchronize
+
     label = f"{backend} ({device.type})"
     tol = case.get("tol", 1e-5)
     try:
