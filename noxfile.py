@@ -1,4 +1,5 @@
-"""Developer and CI sessions. `nox` runs the default ones: lint, tests-cpu, tests-xpu, build.
+"""Developer and CI sessions. `nox` runs the default ones: lint, tests-cpu, tests-xpu,
+tests-latest, build.
 
 Torch is pinned to the CPU wheel through constraints.txt (a bare `torch` requirement would pull a
 multi-GB CUDA build); the packages themselves accept any recent torch.
@@ -21,16 +22,20 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 PLUGINS = sorted(str(p) for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PACKAGES = [str(ROOT / "core"), *(str(Path(p).parent) for p in PLUGINS)]
 SYCL_RUNTIME = ("intel-sycl-rt==2026.1.2", "intel-opencl-rt==2026.1.2")
-# transformers and diffusers: the integration tests patch tiny models of both (not dependencies of
-# the packages; pinned so that a release cannot change the patched code under CI's feet).
-TEST_DEPS = ("pytest", "numpy", "hatchling", "transformers==5.24.0", "diffusers==0.42.1")
+# transformers, diffusers and kernels (transformers' kernel mechanism): the integration tests run
+# tiny models of both libraries on sgljit (not dependencies of the packages). Pinned here, so that
+# a release cannot change the patched code under these sessions' feet; tests-latest takes the
+# newest instead.
+HF_PINNED = ("transformers==5.24.0", "diffusers==0.42.1", "kernels==0.18.3")
+HF_LATEST = ("--upgrade", "transformers", "diffusers", "kernels")
+TEST_DEPS = ("pytest", "numpy", "hatchling")
 
-nox.options.sessions = ["lint", "tests-cpu", "tests-xpu", "build"]
+nox.options.sessions = ["lint", "tests-cpu", "tests-xpu", "tests-latest", "build"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
 
-def _install_project(session: nox.Session, *extra: str) -> None:
+def _install_project(session: nox.Session, *extra: str, hf: tuple[str, ...] = HF_PINNED) -> None:
     wheelhouse = os.environ.get("SGLJIT_WHEELHOUSE")
     if wheelhouse:  # a machine without a registry: every wheel given (the project's, tvm-ffi, ...)
         session.install(
@@ -38,7 +43,14 @@ def _install_project(session: nox.Session, *extra: str) -> None:
         )
         return
     session.install(*CONSTRAINTS, "torch==2.13.0", *TEST_DEPS, *extra)
+    session.install(*CONSTRAINTS, *hf)
     session.install(*CONSTRAINTS, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+
+
+def _sycl_env(session: nox.Session) -> dict[str, str]:
+    """sgljit points the OpenCL loader at the runtime wheel's CPU driver itself; keep Debian's
+    ICDs (pocl) out of the way here too, as the runtime notes advise."""
+    return {"OCL_ICD_VENDORS": str(Path(session.create_tmp()) / "no-icds")}
 
 
 @nox.session
@@ -60,10 +72,24 @@ def tests_cpu(session: nox.Session) -> None:
 def tests_xpu(session: nox.Session) -> None:
     """Every SYCL test: on an Intel GPU when torch.xpu has one, otherwise on the SYCL CPU device."""
     _install_project(session, *SYCL_RUNTIME)
-    # sgljit points the OpenCL loader at the runtime wheel's CPU driver itself; keep Debian's
-    # ICDs (pocl) out of the way here too, as the runtime notes advise.
-    env = {"OCL_ICD_VENDORS": str(Path(session.create_tmp()) / "no-icds")}
-    session.run("pytest", "-m", "sycl", *session.posargs, env=env)
+    session.run("pytest", "-m", "sycl", *session.posargs, env=_sycl_env(session))
+
+
+@nox.session(name="tests-latest")
+def tests_latest(session: nox.Session) -> None:
+    """tests/integrations against the newest transformers, diffusers and kernels on the package
+    index (unpinned: what `pip install transformers` gives a user today), on the reference and
+    on the SYCL CPU device."""
+    _install_project(session, *SYCL_RUNTIME, hf=HF_LATEST)
+    session.run(
+        "python",
+        "-c",
+        "import importlib.metadata as m; "
+        "print('testing', *(f'{d} {m.version(d)}' for d in ('transformers', 'diffusers', 'kernels')))",
+    )
+    session.run(
+        "pytest", "tests/integrations", "-m", "not gpu", *session.posargs, env=_sycl_env(session)
+    )
 
 
 @nox.session(name="tests-cuda", venv_params=["--system-site-packages"])
@@ -72,7 +98,7 @@ def tests_cuda(session: nox.Session) -> None:
     if os.environ.get("SGLJIT_WHEELHOUSE"):
         _install_project(session)
     else:
-        session.install(*TEST_DEPS, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
+        session.install(*TEST_DEPS, *HF_PINNED, *(arg for pkg in PACKAGES for arg in ("-e", pkg)))
     # The declared modules and every check case's, in parallel, before the tests need them one by one.
     session.run("sgljit", "build", "--cases", "--jobs", str(os.cpu_count() or 1))
     session.run("pytest", "-m", "not sycl", "--ignore=tests/test_wheels.py", *session.posargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -91,17 +92,33 @@ def _disk_usage(folder: Path) -> int:
     return total
 
 
+def readme_wheelhouse_recipe() -> list[list[str]]:
+    """The commands of README's wheelhouse block, split into words."""
+    readme = (ROOT / "README.md").read_text()
+    [block] = [
+        b
+        for b in re.findall(r"^```bash\n(.*?)^```", readme, re.MULTILINE | re.DOTALL)
+        if "--wheel-dir wheelhouse" in b
+    ]
+    return [shlex.split(line.split("#")[0]) for line in block.splitlines() if line.strip()]
+
+
 def test_readme_wheelhouse_recipe_and_cli_without_warnings(tmp_path):
-    """README's Install, literally: `pip wheel --no-deps --wheel-dir wheelhouse ./core ./plugins/*`
-    builds a wheelhouse from which `pip install --find-links wheelhouse sgljit-rope` installs the
-    plugin with its sgljit into an environment holding PyTorch's CPU build (the gathered
-    dependencies stand in for the package index). The environment stays under 1 GiB, and no
+    """README's wheelhouse recipe, line by line as written (the package indexes it names stand in
+    for the gathered dependencies): `pip wheel` builds a wheelhouse from which `pip install
+    --find-links wheelhouse sgljit-rope` installs the plugin with its sgljit, after PyTorch's CPU
+    build, so that nothing pulls the CUDA build. The environment stays under 1 GiB, and no
     command warns: torch warns on import without numpy ("Failed to initialize NumPy"), which is
     why sgljit depends on numpy."""
+    build, *installs = readme_wheelhouse_recipe()
+    # PyTorch's CPU build before the plugin, from PyTorch's CPU index
+    assert [words[:2] for words in installs] == [["pip", "install"]] * 2, installs
+    assert installs[0][2:] == ["torch", "--index-url", "https://download.pytorch.org/whl/cpu"]
+    assert installs[1][-1] == "sgljit-rope"
     wheelhouse = tmp_path / "wheelhouse"
     plugins = sorted(f"./plugins/{p.name}" for p in ROOT.glob("plugins/*"))
-    recipe = ["pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheelhouse), "./core"]
-    subprocess.run([sys.executable, "-m", *recipe, *plugins], cwd=ROOT, check=True)
+    build = [str(wheelhouse) if w == "wheelhouse" else w for w in build if w != "./plugins/*"]
+    subprocess.run([sys.executable, "-m", *build, *plugins, "--quiet"], cwd=ROOT, check=True)
     built = sorted(w.name.split("-")[0] for w in wheelhouse.glob("*.whl"))
     assert built == [
         "sgljit",
@@ -113,11 +130,15 @@ def test_readme_wheelhouse_recipe_and_cli_without_warnings(tmp_path):
     ]
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index"]
-    subprocess.run([*pip, "--find-links", DEPS, "torch"], check=True)  # the CPU build first
-    subprocess.run(
-        [*pip, "--find-links", str(wheelhouse), "--find-links", DEPS, "sgljit-rope"], check=True
-    )
+    for words in installs:
+        args = words[2:]
+        if "--index-url" in args:  # the index it names: the gathered dependencies stand in
+            del args[args.index("--index-url") : args.index("--index-url") + 2]
+        args = [str(wheelhouse) if w == "wheelhouse" else w for w in args]
+        offline = ["--quiet", "--no-index", "--find-links", DEPS]
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", *offline, *args], check=True
+        )
     listing = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
         capture_output=True,
@@ -127,6 +148,7 @@ def test_readme_wheelhouse_recipe_and_cli_without_warnings(tmp_path):
     names = {line.split("==")[0] for line in listing.split()}
     assert {"sgljit", "sgljit-rope", "numpy"} <= names, names
     assert not {"sgljit-norm", "sgljit-quant-fp8"} & names, names
+    assert not [n for n in names if n.startswith("nvidia-")], names
     size = _disk_usage(venv)
     assert size < 2**30, f"{venv}: {size / 2**20:.0f} MiB"
 

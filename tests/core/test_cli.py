@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ..conftest import env_with_site
 from .test_load_jit import load_add_one
@@ -136,3 +139,93 @@ def test_check_runs_ops_against_their_reference(plugin_site):
     )
     assert wrong.returncode == 1
     assert "WRONG" in wrong.stdout and "fixture_other" in wrong.stdout
+
+
+def test_check_filters_by_op_and_backend_and_names_public_ops():
+    """`--op`/`--backend` pick rows; rows name the public op and its variant (not the declared
+    op's name), and show the tolerance beside the error."""
+    result = sgljit_cli(
+        *("check", "--op", "per_tensor_quant_fp8", "--op", "gemma_rmsnorm"),
+        *("--backend", "reference", "--repeats", "1"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = result.stdout.strip().splitlines()
+    header = table[0].split("  ")
+    assert [h for h in header if h][:7] == [
+        *("op", "variant", "backend", "shape", "status", "max error", "tolerance"),
+    ]
+    rows = [line.split()[:2] for line in table[2:] if line and not line.endswith("passed")]
+    assert {op for op, _ in rows} == {"per_tensor_quant_fp8", "gemma_rmsnorm"}
+    assert {v for op, v in rows if op == "per_tensor_quant_fp8"} == {"static", "dynamic"}
+    assert {v for op, v in rows if op == "gemma_rmsnorm"} == {"-", "3d"}
+    assert "quant_fp8_static" not in result.stdout and "reference (cpu)" in result.stdout
+    assert "sycl" not in result.stdout and "not run" not in result.stdout
+    assert re.fullmatch(r"(\d+) of \1 passed", table[-1]), table[-1]
+
+
+def test_check_refuses_an_op_or_backend_it_cannot_run():
+    unknown = sgljit_cli("check", "--op", "no_such_op")
+    assert unknown.returncode == 2
+    assert "--op: no check case of 'no_such_op' (ops with cases: " in unknown.stderr
+    assert "rmsnorm" in unknown.stderr
+    bad = sgljit_cli("check", "--backend", "gpu")
+    assert bad.returncode == 2 and "invalid choice: 'gpu'" in bad.stderr
+    if not torch.cuda.is_available():
+        cuda = sgljit_cli("check", "--backend", "cuda")
+        assert cuda.returncode == 2
+        assert "--backend: cuda cannot run here (cuda: no CUDA GPU visible)" in cuda.stderr
+
+
+class _CompilingFamily:
+    """A family whose check cases log a compile (as a first use does), for the progress test."""
+
+    name = "compiling"
+    ops: dict = {}  # noqa: RUF012
+
+    @staticmethod
+    def check_cases(device):
+        def run():
+            logging.getLogger("sgljit.compile").info("sgljit: compiling fake ...")
+            x = torch.ones(2)
+            return x, x.double()
+
+        return [
+            {"op": f"compiling_op_{variant}", "shape": "2", "run": run, "tol": 0.0}
+            for variant in ("a", "b", "c")
+        ]
+
+
+COMPILING_FAMILY = _CompilingFamily()
+
+
+def test_check_prefixes_compile_lines_with_its_progress(monkeypatch, capsys):
+    """A first check compiles for minutes: each compile line says which case of how many runs."""
+    from sgljit import check, plugins
+
+    plugin = plugins.Plugin(
+        entry_point="compiling",
+        distribution="sgljit-compiling 0.1.0",
+        manifest={
+            "name": "compiling",
+            "version": "0.1.0",
+            "ops": {"compiling_op": "x:y"},
+            "family": f"{__name__}:COMPILING_FAMILY",
+        },
+    )
+    monkeypatch.setattr(plugins, "discover", lambda: (plugin,))
+    monkeypatch.setattr(
+        check, "available_backends", lambda: ([("reference", torch.device("cpu"))], [])
+    )
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    compile_log = logging.getLogger("sgljit.compile")
+    compile_log.addHandler(handler)
+    try:
+        assert check.run_checks(repeats=1) == 0
+    finally:
+        compile_log.removeHandler(handler)
+    first_calls = records[::2]  # each case runs once, then `repeats` timed calls
+    assert first_calls == [f"[{i}/3] sgljit: compiling fake ..." for i in (1, 2, 3)]
+    out = capsys.readouterr().out
+    assert "compiling_op  a" in out and "compiling_op  c" in out

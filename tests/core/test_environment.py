@@ -8,6 +8,7 @@ import pytest
 from sgljit import cache, cuda, sycl
 
 from ..conftest import run_python
+from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS
 
 
 @pytest.mark.parametrize("value", ["bogus", "2"])
@@ -55,3 +56,57 @@ def test_an_icpx_that_does_not_exist_is_an_error_not_the_other_route(monkeypatch
     fake.chmod(0o755)
     monkeypatch.setenv("SGLJIT_ICPX", str(fake))
     assert sycl._pick_route("auto") == "icpx" and sycl.icpx_command() == str(fake)
+
+
+@pytest.mark.parametrize("value", ["gpu", "CUDA", "cpu"])
+def test_a_bad_backend_name_fails_at_import(value):
+    result = run_python("import sgljit", env={"SGLJIT_BACKEND": value})
+    assert result.returncode != 0
+    assert (
+        f"ValueError: SGLJIT_BACKEND={value!r}: expected one of cuda, sycl (or xpu), reference, "
+        f"got {value!r}" in result.stderr
+    ), result.stderr
+
+
+def test_xpu_names_the_sycl_backend():
+    """xpu tensors run the SYCL kernels, so ``xpu`` is accepted for ``sycl`` (variable and
+    use_backend); a bad name given to use_backend is the same error."""
+    result = run_python(
+        """
+        import torch, sgljit
+        print(sgljit.select_backend(torch.zeros(1)))
+        with sgljit.use_backend("reference"), sgljit.use_backend("xpu"):
+            print(sgljit.select_backend(torch.zeros(1)))
+        try:
+            with sgljit.use_backend("gpu"):
+                pass
+        except ValueError as err:
+            print(err)
+        """,
+        env={"SGLJIT_BACKEND": "xpu"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["sycl", "sycl"]
+    assert lines[2].startswith("use_backend: expected one of cuda, sycl (or xpu), reference")
+
+
+@pytest.mark.parametrize(
+    "value, lines",
+    [(None, 1), ("info", 2), ("off", 0)],
+    ids=["unset", "info", "off"],
+)
+def test_a_compile_says_so_once_unless_turned_off(cache_dir, value, lines):
+    """A first use compiles for seconds: unset, SGLJIT_LOG prints one line for it (info adds how
+    long it took; off prints nothing)."""
+    env = {"SGLJIT_LOG": value} if value else {}
+    code = LOAD_IN_SUBPROCESS % (KERNELS, 0)
+    if value is None:
+        code = "import os; os.environ.pop('SGLJIT_LOG', None)\n" + code
+    result = run_python(code, env=env)
+    assert result.returncode == 0, result.stderr
+    logged = [line for line in result.stderr.splitlines() if line.startswith("sgljit: ")]
+    assert len(logged) == lines, result.stderr
+    if lines:
+        assert logged[0].startswith("sgljit: compiling add_one"), logged
+        assert "(first use; cached after) ..." in logged[0]

@@ -100,6 +100,24 @@ def test_default_folder_is_the_family_name(tmp_path):
     assert "sgljit-gelu-tanh2" in result.stdout and "src/sgljit_gelu_tanh2/ops.py" in result.stdout
 
 
+def test_next_steps_use_the_python_that_has_sgljit(tmp_path, env):
+    """The printed steps install pytest with the plugin (its ``test`` extra) and run both through
+    ``python -m``: a pytest elsewhere on PATH (the system's) would not see the plugin."""
+    result = sgljit_cli("new-plugin", NAME, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = result.stdout.split("next (with the Python that has sgljit):\n")[1].splitlines()
+    commands = [line.split("#")[0].strip() for line in steps]
+    assert commands == [
+        'python -m pip install -e "./my_act[test]"',
+        "python -m pytest ./my_act/tests",
+        "sgljit check --plugin my_act",
+    ]
+    requires = run_python(
+        "import importlib.metadata as m; print(*m.requires('sgljit-my-act'), sep='\\n')", env=env
+    )
+    assert "pytest; extra == 'test'" in requires.stdout.splitlines(), requires
+
+
 def test_refuses_an_existing_folder(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "mine.txt").write_text("keep")

@@ -3,6 +3,7 @@ into a private folder, each scenario in a fresh interpreter."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,58 @@ def test_unknown_op_lists_what_exists(plugin_site):
             raise AssertionError("no error")
         """,
     )
+
+
+def test_an_op_whose_plugin_is_missing_names_its_distribution():
+    """sgljit.ops, the HF patch and the vLLM shim all say which distribution to install (the norm
+    plugin left out here by SGLJIT_DISABLE_PLUGINS, as if it were not installed)."""
+    result = run_python(
+        """
+        import torch, sgljit
+        from sgljit.compat.vllm import _custom_ops
+        from sgljit.integrations import _patching
+        x = torch.ones(2, 8)
+        calls = (
+            lambda: sgljit.ops.rmsnorm,
+            lambda: _patching.require_op("gemma_rmsnorm"),
+            lambda: _custom_ops.rms_norm(torch.empty_like(x), x, torch.ones(8), 1e-6),
+        )
+        for call in calls:
+            try:
+                call()
+            except AttributeError as err:
+                print(err)
+            else:
+                raise AssertionError("no error")
+        """,
+        env={"SGLJIT_DISABLE_PLUGINS": "norm"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result.stdout
+    for line, op in zip(lines, ("rmsnorm", "gemma_rmsnorm", "rmsnorm"), strict=True):
+        assert line.startswith(f"sgljit.ops has no op {op!r}: sgljit-norm provides it"), line
+        assert "(pip install sgljit-norm), or SGLJIT_DISABLE_PLUGINS='norm' disables it" in line
+        assert "apply_rope" in line  # what is installed
+
+
+def test_known_ops_are_the_project_plugins_ops():
+    """KNOWN_OPS (core's table of op -> distribution) lists exactly the ops of the project's own
+    plugins, each with its distribution."""
+    from sgljit.plugins import KNOWN_OPS, discover
+
+    project = {
+        re.search(r'^name = "([^"]+)"', path.read_text(), re.MULTILINE).group(1)
+        for path in (Path(__file__).parents[2] / "plugins").glob("*/pyproject.toml")
+    }
+    found = {
+        op: plugin.distribution.split()[0]
+        for plugin in discover()
+        if plugin.distribution.split()[0] in project
+        for op in plugin.ops
+    }
+    assert set(found.values()) == project  # every project plugin is installed here
+    assert found == KNOWN_OPS
 
 
 def test_conflict_names_both_distributions_and_can_be_resolved(plugin_site):

@@ -1,5 +1,5 @@
 """Shared by the integration tests: one module cache for the session, the backend a test runs on,
-and a spy that counts the sgljit ops a patched model called."""
+a spy that counts the sgljit ops a patched model called, and every patch undone after a test."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ import os
 import pytest
 
 import sgljit
+import sgljit.integrations
+
+
+@pytest.fixture(autouse=True)
+def _revert():
+    """Every patch an integration test made is undone after it."""
+    yield
+    sgljit.integrations.revert()
 
 
 @pytest.fixture(scope="session")

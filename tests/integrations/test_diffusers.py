@@ -30,12 +30,6 @@ from diffusers.models import embeddings  # noqa: E402
 ORIGINAL = embeddings.get_timestep_embedding
 
 
-@pytest.fixture(autouse=True)
-def _revert():
-    yield
-    sgl.revert()
-
-
 def tolerance(t: torch.Tensor, scale: float) -> float:
     return 2e-6 + 2.5e-7 * float(t.double().abs().max()) * abs(scale)
 

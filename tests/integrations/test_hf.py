@@ -10,7 +10,6 @@ runs on a kernel and gradients are HF's exactly.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import sys
@@ -23,84 +22,17 @@ import sgljit.integrations as sgl
 
 from ..plugins.common import BACKENDS
 from .conftest import called
-
-transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (the nox sessions install it)"
+from .hf_models import (
+    HEAD_DIM,
+    HIDDEN,
+    MODELS,
+    assert_matches_hf,
+    build,
+    norm_op,
+    prompt,
+    transformers,
+    unpatched,
 )
-
-HIDDEN, HEAD_DIM, VOCAB, STEPS = 128, 64, 128, 32
-COMMON = dict(
-    hidden_size=HIDDEN,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=HEAD_DIM,
-    vocab_size=VOCAB,
-    max_position_embeddings=256,
-)
-GEMMA = dict(query_pre_attn_scalar=HEAD_DIM, sliding_window=16)  # 16 < prompt + 32 steps
-MODELS = {  # family -> (config class, model class, config extras)
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", GEMMA),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA),
-}
-PER_HEAD_NORMS = {"qwen3", "gemma3"}  # q_norm / k_norm over head_dim
-
-
-def norm_op(family: str) -> str:
-    return "gemma_rmsnorm" if family.startswith("gemma") else "rmsnorm"
-
-
-@pytest.fixture(autouse=True)
-def _revert():
-    yield
-    sgl.revert()
-
-
-def build(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """The family's tiny model, seeded; norm weights random too (HF starts them at 1 / 0, which
-    would hide a kernel that ignored its weight)."""
-    config_cls, model_cls, extra = MODELS[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
-    model = getattr(transformers, model_cls)(config).to(device=device, dtype=dtype).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0 if family.startswith("gemma") else 1.0, 0.2)
-    return model
-
-
-def prompt(device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, VOCAB, (2, 8), generator=g).to(device)
-    return ids, torch.ones_like(ids)
-
-
-def run(model, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits of the prompt, the prompt + 32 greedy tokens)."""
-    ids, mask = prompt(device)
-    with torch.no_grad():
-        logits = model(ids, attention_mask=mask).logits.float()
-        tokens = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=STEPS,
-            min_new_tokens=STEPS,
-            do_sample=False,
-        )
-    return logits, tokens
-
-
-@functools.cache
-def unpatched(family: str, dtype: torch.dtype, device: str):
-    """HF's results (computed before any patch: the autouse fixture reverts after each test)."""
-    return run(build(family, dtype, device), device)
-
 
 # ------------------------------------------------------------------------------------------------
 # Patched models against unpatched ones
@@ -110,18 +42,24 @@ def unpatched(family: str, dtype: torch.dtype, device: str):
 @pytest.mark.parametrize("family", MODELS)
 def test_float32_logits_and_greedy_tokens(family, backend, backend_env, op_calls):
     device, ctx = backend_env
-    expected_logits, expected_tokens = unpatched(family, torch.float32, device)
     model = build(family, torch.float32, device)
     with ctx():
         assert sgl.apply_to_model(model) == [family]
-        logits, tokens = run(model, device)
-    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
-    assert tokens.shape == (2, 8 + STEPS)
-    assert torch.equal(tokens, expected_tokens)
-    assert op_calls[norm_op(family), HIDDEN] > 0
-    if family in PER_HEAD_NORMS:
-        assert op_calls[norm_op(family), HEAD_DIM] > 0
-    assert op_calls["apply_rope", HEAD_DIM] > 0
+        assert_matches_hf(family, device, model, op_calls)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_readme_one_liner_with_from_pretrained(family, backend, backend_env, op_calls, tmp_path):
+    """README's example as written: patch, then from_pretrained (which on transformers 5.25
+    kernelizes by default, with the Hub's mapping: none for the CPU, so nothing is fetched and the
+    patched classes serve)."""
+    device, ctx = backend_env
+    build(family).save_pretrained(tmp_path)
+    with ctx():
+        getattr(sgl, f"apply_to_{family}")()
+        model = getattr(transformers, MODELS[family][1]).from_pretrained(tmp_path).to(device)
+        assert_matches_hf(family, device, model.eval(), op_calls)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -217,6 +155,35 @@ def test_rope_function_compiles_to_one_graph():
             torch.testing.assert_close(r, e, rtol=0, atol=1e-5)
 
 
+def test_rope_function_as_a_plain_function(monkeypatch, op_calls):
+    """Where the ``kernels`` library is not installed (transformers 5.24 and older) the modeling
+    module holds HF's function itself, not a module standing for it: it is patched the same way."""
+    from transformers.models.llama import modeling_llama
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # HF's, as written
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        rotate_half = modeling_llama.rotate_half
+        return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", apply_rotary_pos_emb)
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 4, 3, HEAD_DIM, generator=g), torch.randn(2, 2, 3, HEAD_DIM, generator=g)
+    angles = torch.rand(1, 3, HEAD_DIM // 2, generator=g) * 50
+    emb = torch.cat((angles, angles), dim=-1)
+    expected = apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    try:
+        sgl.apply_to_llama(rms_norm=False)
+        patched = modeling_llama.apply_rotary_pos_emb
+        assert patched.__wrapped__ is apply_rotary_pos_emb
+        assert inspect.signature(patched) == inspect.signature(apply_rotary_pos_emb)
+        got = patched(q, k, emb.cos(), emb.sin())
+    finally:  # before monkeypatch puts HF's back (revert would restore this function over it)
+        sgl.revert()
+    assert op_calls["apply_rope", HEAD_DIM] == 1
+    for e, r in zip(expected, got, strict=True):
+        torch.testing.assert_close(r, e, rtol=0, atol=1e-5)
+
+
 def test_rope_function_falls_back(op_calls):
     """Calls the kernel route does not take exactly run HF's function."""
     from transformers.models.llama import modeling_llama
@@ -225,7 +192,7 @@ def test_rope_function_falls_back(op_calls):
     sgl.apply_to_llama(rms_norm=False)
     patched = modeling_llama.apply_rotary_pos_emb
     assert patched is not original
-    assert inspect.signature(patched) == inspect.signature(original)
+    assert list(inspect.signature(patched).parameters) == ["q", "k", "cos", "sin", "unsqueeze_dim"]
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 4, 8, generator=g)
     cos, sin = torch.randn(1, 4, 8, generator=g), torch.randn(1, 4, 8, generator=g)

@@ -68,11 +68,21 @@ def __dir__() -> list[str]:
 
 
 def _configure_logging() -> None:
-    """SGLJIT_LOG=info prints one line per compile to stderr (debug: more); 1/true/on mean info."""
+    """Unset, SGLJIT_LOG prints one line per compile to stderr (a first use compiles for seconds);
+    info adds how long each took and why a cached build was not reused, debug more; 1/true/on mean
+    info; 0/false/off print nothing."""
     levels = ("debug", "info", "warning", "error", "critical")
     level = os.environ.get("SGLJIT_LOG", "").strip().lower()
     level = {"1": "info", "true": "info", "yes": "info", "on": "info"}.get(level, level)
-    if level in ("", "0", "false", "no", "off"):
+    if level in ("0", "false", "no", "off"):
+        return
+    if level == "":
+        compiles = logging.getLogger("sgljit.compile")
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        compiles.addHandler(handler)
+        compiles.setLevel("INFO")
+        compiles.propagate = False  # printed here only, whatever the application's logging
         return
     if level not in levels:
         raise ValueError(
@@ -85,3 +95,6 @@ def _configure_logging() -> None:
 
 
 _configure_logging()
+# $SGLJIT_BACKEND is checked here, so a bad name fails at import, not at the first op; the module
+# imports nothing heavy.
+importlib.import_module(".backend", __name__)

@@ -3,7 +3,8 @@
 Default: ``cuda`` tensors → CUDA kernels, ``xpu`` tensors → SYCL kernels, ``cpu`` tensors → the
 PyTorch reference. ``use_backend("sycl")`` (or ``SGLJIT_BACKEND=sycl``) runs the SYCL kernels on CPU
 tensors through the SYCL CPU device; ``use_backend("reference")`` runs the reference everywhere.
-``$SGLJIT_BACKEND`` is read once, at import; to change the backend at run time use ``use_backend``.
+``$SGLJIT_BACKEND`` is read and checked once, at ``import sgljit``; to change the backend at run time
+use ``use_backend``. ``xpu`` names the SYCL backend too (what ``xpu`` tensors run).
 """
 
 from __future__ import annotations
@@ -13,13 +14,27 @@ import contextvars
 import os
 from collections.abc import Iterator
 
-__all__ = ["BACKENDS", "forced_backend", "select_backend", "use_backend"]
+__all__ = ["BACKENDS", "backend_name", "forced_backend", "select_backend", "use_backend"]
 
 BACKENDS = ("cuda", "sycl", "reference")
 _DEVICE_BACKEND = {"cuda": "cuda", "xpu": "sycl", "cpu": "reference"}
-_ENV_BACKEND = os.environ.get("SGLJIT_BACKEND", "").strip() or None
-if _ENV_BACKEND is not None and _ENV_BACKEND not in BACKENDS:
-    raise ValueError(f"SGLJIT_BACKEND={_ENV_BACKEND!r}: expected one of {', '.join(BACKENDS)}")
+_ALIASES = {"xpu": "sycl"}  # a device whose tensors one backend runs names that backend
+
+
+def backend_name(name: object, where: str) -> str:
+    """The backend ``name`` names (``xpu`` is ``sycl``); else a ValueError that starts with
+    ``where`` (the variable or argument the name came from)."""
+    backend = _ALIASES.get(name, name) if isinstance(name, str) else name
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"{where}: expected one of cuda, sycl (or xpu), reference, got {name!r} (left unset, "
+            "the tensors' device chooses: cuda -> CUDA kernels, xpu -> SYCL, cpu -> the reference)"
+        )
+    return backend
+
+
+_ENV_TEXT = os.environ.get("SGLJIT_BACKEND", "").strip()
+_ENV_BACKEND = backend_name(_ENV_TEXT, f"SGLJIT_BACKEND={_ENV_TEXT!r}") if _ENV_TEXT else None
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "sgljit_backend", default=_ENV_BACKEND
 )
@@ -39,9 +54,7 @@ def use_backend(name: str) -> Iterator[None]:
     ...     sgljit.select_backend(torch.zeros(1))
     'reference'
     """
-    if name not in BACKENDS:
-        raise ValueError(f"use_backend: {name!r} is not one of {', '.join(BACKENDS)}")
-    token = _forced.set(name)
+    token = _forced.set(backend_name(name, "use_backend"))
     try:
         yield
     finally:

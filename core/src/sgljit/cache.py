@@ -71,6 +71,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sgljit")
+# The line a compile prints even when SGLJIT_LOG is unset (sgljit's __init__ gives it a handler):
+# a first use may compile for seconds.
+compile_logger = logging.getLogger("sgljit.compile")
 
 MANIFEST = "sgljit-manifest.json"
 MANIFEST_FORMAT = 2
@@ -731,7 +734,12 @@ def _build_and_publish(
     if removed:
         logger.info("sgljit: removed %d staging folder(s) of builds that died", removed)
     started = time.perf_counter()
-    logger.info("sgljit: compiling %s for %s %s ...", spec.name, spec.backend, spec.arch)
+    compile_logger.info(
+        "sgljit: compiling %s for %s %s (first use; cached after) ...",
+        spec.name,
+        spec.backend,
+        spec.arch,
+    )
     folder = _BuildFolder(staging)
     build_dirs = tuple(dict.fromkeys([str(folder.path), str(staging), os.path.realpath(staging)]))
     try:

@@ -10,6 +10,7 @@ per dtype fits every op (bf16/fp16 ~2e-2, fp32 ~1e-5, bit-exact 0).
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -49,11 +50,48 @@ def available_backends() -> tuple[list[tuple[str, Any]], list[str]]:
     return found, notes
 
 
-def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
-    """Print one table of op, backend, shape, status, max error and time per call; 0 if all pass."""
-    from .backend import use_backend
-    from .plugins import discover, load_target
-    from .testing import max_error, synchronize
+def public_op(kernel_op: str, public_ops: Any) -> tuple[str, str]:
+    """(the public op, the variant) a declared op serves: the longest public op name (the plugin
+    manifest's) that ``kernel_op`` is or starts with, the rest is the variant; ``kernel_op`` itself
+    when none.
+
+    >>> public_op("per_tensor_quant_fp8_static", ["per_tensor_quant_fp8"])
+    ('per_tensor_quant_fp8', 'static')
+    >>> public_op("gemma_rmsnorm_3d", ["rmsnorm", "gemma_rmsnorm"])
+    ('gemma_rmsnorm', '3d')
+    """
+    names = [n for n in public_ops if kernel_op == n or kernel_op.startswith(n + "_")]
+    if not names:
+        return kernel_op, ""
+    name = max(names, key=len)
+    return name, kernel_op[len(name) + 1 :]
+
+
+class _Progress(logging.Filter):
+    """Prefixes the compile lines logged while case ``done + 1`` of ``total`` runs with
+    ``[N/M]``: a first check compiles for minutes, and those lines are what it prints then."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__()
+        self.done, self.total = 0, total
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = f"[{self.done + 1}/{self.total}] {record.msg}"
+        return True
+
+
+def run_checks(
+    plugins: list[str] | None = None,
+    repeats: int = 5,
+    *,
+    ops: list[str] | None = None,
+    backends: list[str] | None = None,
+) -> int:
+    """Print one table of op, variant, backend, shape, status, max error, tolerance and time per
+    call; 0 if all pass. ``ops``: public op names (or declared ones) to keep; ``backends``: the
+    backends to run (of those this machine has)."""
+    from .backend import backend_name
+    from .plugins import discover, known_distributions, load_target
 
     if plugins:
         installed = {p.name for p in discover()}
@@ -65,82 +103,120 @@ def run_checks(plugins: list[str] | None = None, repeats: int = 5) -> int:
                 file=sys.stderr,
             )
             return 2
-    backends, notes = available_backends()
+    found, notes = available_backends()
+    if backends:
+        wanted = {backend_name(b, "--backend") for b in backends}
+        missing = wanted - {b for b, _ in found}
+        if missing:
+            why = [n for n in notes if n.split(":")[0].split()[0] in missing]
+            print(
+                f"--backend: {', '.join(sorted(missing))} cannot run here"
+                + (f" ({'; '.join(why)})" if why else ""),
+                file=sys.stderr,
+            )
+            return 2
+        found = [(b, d) for b, d in found if b in wanted]
+        notes = []
     rows: list[tuple[str, ...]] = []
+    cases: list[tuple[str, str, str, Any, dict]] = []  # (op, variant, backend, device, case)
     failed = 0
+    seen_ops: set[str] = set()
     for plugin in discover():
         if plugins and plugin.name not in plugins:
             continue
         target = None if plugin.error else plugin.manifest.get("family")
         if plugin.error or not target:
-            rows.append(
-                (f"({plugin.name})", "-", "-", plugin.error or "no checks declared", "-", "-")
-            )
-            failed += bool(plugin.error)
+            if not ops:
+                problem = plugin.error or "no checks declared"
+                rows.append((f"({plugin.name})", "", "-", "-", problem, "-", "-", "-"))
+                failed += bool(plugin.error)
             continue
         try:
             family = load_target(target)
             if not hasattr(family, "check_cases"):  # what this command uses of a family
                 raise TypeError(f"a {type(family).__name__}, not a sgljit.op.Family")
+            for backend, device in found:
+                for case in family.check_cases(device):
+                    op, variant = public_op(case["op"], plugin.ops)
+                    seen_ops.update((op, case["op"]))
+                    if not ops or op in ops or case["op"] in ops:
+                        cases.append((op, variant, backend, device, case))
         except Exception as err:  # the plugin's mistake, reported on its row: the others still run
             problem = f"family {target!r}: {type(err).__name__}: {err}"
-            rows.append((f"({plugin.name})", "-", "-", f"ERROR {problem[:120]}", "-", "-"))
+            rows.append((f"({plugin.name})", "", "-", "-", f"ERROR {problem[:120]}", "-", "-", "-"))
             failed += 1
-            continue
-        for backend, device in backends:
-            for case in family.check_cases(device):
-                label = f"{backend} ({device.type})"
-                try:
-                    with use_backend(backend):
-                        started = time.perf_counter()
-                        result, expected = case["run"]()  # first call: may compile
-                        synchronize(device)
-                        first = time.perf_counter() - started
-                        error = max_error(result, expected)
-                        times = []
-                        for _ in range(repeats):
-                            t0 = time.perf_counter()
-                            case["run"]()
-                            synchronize(device)
-                            times.append(time.perf_counter() - t0)
-                    ok = error <= case.get("tol", 1e-5)
-                    status = "ok" if ok else "WRONG"
-                    timing = f"{statistics.median(times) * 1e6:.0f} µs (first {first:.2f}s)"
-                    rows.append((case["op"], label, case["shape"], status, f"{error:.2e}", timing))
-                except Exception as err:
-                    ok = False
-                    message = (
-                        str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                    )
-                    rows.append(
-                        (case["op"], label, case["shape"], f"ERROR {message[:80]}", "-", "-")
-                    )
-                failed += not ok
+    if ops and not set(ops) & seen_ops:
+        print(
+            f"--op: no check case of {', '.join(map(repr, ops))} (ops with cases: "
+            f"{', '.join(sorted(seen_ops)) or 'none'})",
+            file=sys.stderr,
+        )
+        return 2
+    progress = _Progress(len(cases))
+    compile_log = logging.getLogger("sgljit.compile")
+    compile_log.addFilter(progress)
+    try:
+        for op, variant, backend, device, case in cases:
+            row, ok = _run_case(case, backend, device, repeats)
+            rows.append((op, variant or "-", *row))
+            failed += not ok
+            progress.done += 1
+    finally:
+        compile_log.removeFilter(progress)
     header = (
         "op",
+        "variant",
         "backend",
         "shape",
         "status",
         "max error",
+        "tolerance",
         "time per call (incl. inputs and reference)",
     )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print()
     for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     for note in notes:
         print(f"\nnot run: {note}")
     if not rows:
-        print(
-            "no plugins installed: pip install sgljit-norm sgljit-rope sgljit-quant-fp8 sgljit-timestep-embedding sgljit-activation"
-        )
+        print(f"no plugins installed: pip install {' '.join(known_distributions())}")
         return 1
     print(f"\n{len(rows) - failed} of {len(rows)} passed")
     return 1 if failed else 0
 
 
+def _run_case(case: dict, backend: str, device: Any, repeats: int) -> tuple[tuple[str, ...], bool]:
+    """(backend, shape, status, max error, tolerance, time) of one case, and whether it passed."""
+    from .backend import use_backend
+    from .testing import max_error, synchronize
+
+    label = f"{backend} ({device.type})"
+    tol = case.get("tol", 1e-5)
+    try:
+        with use_backend(backend):
+            started = time.perf_counter()
+            result, expected = case["run"]()  # first call: may compile
+            synchronize(device)
+            first = time.perf_counter() - started
+            error = max_error(result, expected)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                case["run"]()
+                synchronize(device)
+                times.append(time.perf_counter() - t0)
+    except Exception as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return (label, case["shape"], f"ERROR {message[:80]}", "-", f"{tol:.2e}", "-"), False
+    ok = error <= tol
+    timing = f"{statistics.median(times) * 1e6:.0f} µs (first {first:.2f}s)"
+    status = "ok" if ok else "WRONG"
+    return (label, case["shape"], status, f"{error:.2e}", f"{tol:.2e}", timing), ok
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    return run_checks(args.plugin or None, args.repeats)
+    return run_checks(args.plugin or None, args.repeats, ops=args.op, backends=args.backend)
 
 
 def _positive(text: str) -> int:
@@ -155,6 +231,15 @@ def add_parser(sub: Any) -> None:
         "check", help="run every installed op on each backend against its reference"
     )
     check.add_argument("--plugin", action="append", help="only this plugin (repeatable)")
+    check.add_argument(
+        "--op", action="append", help="only this op, e.g. rmsnorm (repeatable; its variants too)"
+    )
+    check.add_argument(
+        "--backend",
+        action="append",
+        choices=["cuda", "sycl", "xpu", "reference"],
+        help="only this backend (repeatable; xpu is sycl)",
+    )
     check.add_argument(
         "--repeats", type=_positive, default=5, help="timed calls per case (median; at least 1)"
     )

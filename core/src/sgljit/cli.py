@@ -39,7 +39,7 @@ def _version_of(dist: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from . import toolchain
     from .cache import cache_root
-    from .plugins import discover, op_table
+    from .plugins import discover, known_distributions, op_table
 
     rows = [
         ("sgljit", __version__),
@@ -86,7 +86,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nplugins:")
     plugins = discover()
     if not plugins:
-        print("  none installed (pip install sgljit-norm sgljit-rope ...)")
+        print(f"  none installed (pip install {' '.join(known_distributions())})")
     table = op_table()
     for plugin in plugins:
         print(f"  {plugin.name:<22} {plugin.distribution:<34} {plugin.status}")
@@ -217,10 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cache" and args.action in ("export", "import") and not args.file:
         parser.error(f"cache {args.action} needs a FILE")
-    os.environ.setdefault("SGLJIT_LOG", "info")
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return args.fn(args)
     except (OSError, ValueError, tarfile.TarError, SgljitError) as err:

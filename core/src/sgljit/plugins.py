@@ -28,9 +28,56 @@ from typing import Any, TypedDict
 from ._version import __version__
 from .errors import PluginError
 
-__all__ = ["ENTRY_POINT_GROUP", "Manifest", "Plugin", "discover", "load_target", "resolve_op"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "KNOWN_OPS",
+    "Manifest",
+    "Plugin",
+    "discover",
+    "load_target",
+    "resolve_op",
+]
 
 ENTRY_POINT_GROUP = "sgljit.plugins"
+
+# The ops of the project's own plugins -> the distribution that provides each: what the error for
+# an op that is not installed tells the user to install (tests/core/test_plugins.py checks it
+# against the plugins' manifests).
+KNOWN_OPS = {
+    **dict.fromkeys(
+        (
+            "rmsnorm",
+            "fused_add_rmsnorm",
+            "gemma_rmsnorm",
+            "gemma_fused_add_rmsnorm",
+            "qknorm",
+            "qknorm_across_heads",
+            "rmsnorm_quant_fp8",
+            "fused_add_rmsnorm_quant_fp8",
+        ),
+        "sgljit-norm",
+    ),
+    **dict.fromkeys(("apply_rope", "apply_rope_with_kv_cache", "qknorm_rope"), "sgljit-rope"),
+    **dict.fromkeys(
+        ("per_tensor_quant_fp8", "per_token_quant_fp8", "per_token_group_quant_fp8"),
+        "sgljit-quant-fp8",
+    ),
+    "timestep_embedding": "sgljit-timestep-embedding",
+    **dict.fromkeys(
+        (
+            "silu_and_mul",
+            "gelu_and_mul",
+            "gelu_tanh_and_mul",
+            "silu_and_mul_per_token_group_quant_fp8",
+        ),
+        "sgljit-activation",
+    ),
+}
+
+
+def known_distributions() -> list[str]:
+    """The project's plugin distributions (``pip install`` names), sorted."""
+    return sorted(set(KNOWN_OPS.values()))
 
 
 class _ManifestRequired(TypedDict):
@@ -221,8 +268,7 @@ def resolve_op(op: str) -> Any:
     """Import and return the function implementing ``op``; errors say which plugin is at fault."""
     claims = op_table().get(op)
     if not claims:
-        known = ", ".join(sorted(op_table())) or "none (no plugins installed)"
-        raise AttributeError(f"sgljit.ops has no op {op!r}; installed ops: {known}")
+        raise AttributeError(_missing_op_message(op))
     if len(claims) > 1:
         names = " and ".join(p.distribution for p in claims)
         raise PluginError(
@@ -241,6 +287,19 @@ def resolve_op(op: str) -> Any:
         raise PluginError(
             f"op {op!r}: plugin {plugin.distribution} failed to load {target}: {type(err).__name__}: {err}"
         ) from err
+
+
+def _missing_op_message(op: str) -> str:
+    installed = ", ".join(sorted(op_table())) or "none (no plugins installed)"
+    distribution = KNOWN_OPS.get(op)
+    if distribution is None:
+        return f"sgljit.ops has no op {op!r}; installed ops: {installed}"
+    disabled = os.environ.get("SGLJIT_DISABLE_PLUGINS", "").strip()
+    unless = f", or SGLJIT_DISABLE_PLUGINS={disabled!r} disables it" if disabled else ""
+    return (
+        f"sgljit.ops has no op {op!r}: {distribution} provides it and is not installed "
+        f"(pip install {distribution}){unless}; installed ops: {installed}"
+    )
 
 
 def reset() -> None:

@@ -92,8 +92,17 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     )
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         print(f"  {path.relative_to(root).as_posix()}")
+    # `python -m`: the pip and pytest of the Python that has sgljit, not others on PATH (a system
+    # pytest would not see the plugin).
+    folder = (
+        root.as_posix()
+        if root.is_absolute() or root.as_posix().startswith(".")
+        else f"./{root.as_posix()}"
+    )
     print(
-        f"\nnext:\n  pip install -e {root}\n  pytest {root / 'tests'}\n"
+        f"\nnext (with the Python that has sgljit):\n"
+        f'  python -m pip install -e "{folder}[test]"     # the plugin, and pytest to test it\n'
+        f"  python -m pytest {folder}/tests\n"
         f"  sgljit check --plugin {names['family']}"
     )
     return 0

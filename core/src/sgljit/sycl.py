@@ -620,7 +620,7 @@ def _rtc_program(module: SYCLModule, queue: int, device_key: str) -> _Program:
                     "saves binaries for OpenCL devices only) and SGLJIT_NO_COMPILE is set; use "
                     "the icpx route (oneAPI) to prebuild it, or unset SGLJIT_NO_COMPILE"
                 )
-            logger.info(
+            logging.getLogger("sgljit.compile").info(
                 "sgljit: compiling %s for %s in this process (runtime compiler; not kept on disk "
                 "on this backend) ...",
                 module.name,

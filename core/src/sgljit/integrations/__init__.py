@@ -8,6 +8,13 @@
     sgl.apply_to_diffusers()      # diffusers' get_timestep_embedding / Timesteps
     sgl.revert()                  # everything back as it was
 
+or through transformers' own kernel mechanism (the ``kernels`` library, which transformers 5.25
+and newer install), with sgljit's layers and nothing downloaded::
+
+    model = AutoModelForCausalLM.from_pretrained(..., use_kernels=True,
+                                                 kernel_config=sgl.kernel_config())
+    model = sgl.kernelize(model)  # a model already built (kernels.Mode.INFERENCE in eval())
+
 transformers and diffusers are not dependencies of sgljit: they are imported when a function
 here is called, and an ImportError says which one is missing. Patches are process-wide (classes
 and module functions), as Liger-Kernel's are. Under autograd (training) the patched code runs the
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 from ._patching import revert
 from .hf_diffusers import apply_to_diffusers
+from .hf_kernels import kernel_config, kernelize
 from .hf_transformers import (
     FAMILIES,
     apply_to_gemma2,
@@ -39,5 +47,7 @@ __all__ = [
     "apply_to_model",
     "apply_to_qwen2",
     "apply_to_qwen3",
+    "kernel_config",
+    "kernelize",
     "revert",
 ]

@@ -13,7 +13,12 @@ What is patched, in the model family's modeling module (``transformers.models.<f
   ``apply_rope`` table: the call builds that ``[B*S, D]`` table in the model's dtype (one ``cat``),
   takes positions ``0..B*S-1`` (kept per shape) and rotates copies of q and k in one kernel (neox
   pairs = ``rotate_half``). Any other call (partial rotary, another ``unsqueeze_dim``, cos in
-  another dtype, grad needed) runs HF's function.
+  another dtype, grad needed) runs HF's function. Where transformers wraps that function with the
+  ``kernels`` library's hub decorator (5.25, which installs ``kernels``; 5.24 with it installed),
+  the module-level name holds a module standing for it: the patch replaces the name all the
+  same, and its fallback calls that module (so whatever ``kernelize`` chose still runs there).
+
+The same checks and kernels serve transformers' own kernel mechanism: :mod:`.hf_kernels`.
 
 Before patching, each replacement is checked against the installed transformers on small CPU
 tensors (the norm formula bit for bit, the rope convention to 1e-6): a version whose code has
@@ -96,6 +101,18 @@ def apply_to_model(
 
     The patch is on the families' classes and modeling modules, so it also covers other models of
     those families in this process (as the per-family functions do)."""
+    found = families_of(model)
+    for family in found:
+        _apply(family, rms_norm=rms_norm, rope=rope)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def families_of(model: torch.nn.Module) -> list[str]:
+    """The supported families whose modules ``model`` contains, in the order met; an error naming
+    the families it has when none is supported."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     prefix = "transformers.models."
@@ -114,15 +131,10 @@ def apply_to_model(
             f"({', '.join(FAMILIES)}); its transformers modules are from: "
             f"{', '.join(sorted(seen)) or 'none'}"
         )
-    for family in found:
-        _apply(family, rms_norm=rms_norm, rope=rope)
     return found
 
 
-# ------------------------------------------------------------------------------------------------
-
-
-def _modeling(family: str):
+def modeling_module(family: str):
     try:
         import transformers
     except ImportError as err:
@@ -139,19 +151,32 @@ def _modeling(family: str):
 
 
 def _apply(family: str, *, rms_norm: bool, rope: bool) -> None:
-    modeling = _modeling(family)
+    modeling = modeling_module(family)
     if rms_norm:
-        cls_name, formula = FAMILIES[family]
-        cls = getattr(modeling, cls_name)
-        forward, reference, eps_attr, op = _NORMS[formula]
-        _patching.require_op(op)
-        _check_norm(cls, reference, eps_attr)
+        cls, forward = checked_norm(family, modeling)
         _patching.patch(cls, "forward", forward)
     if rope:
-        _patching.require_op("apply_rope")
-        original = _patching.original(modeling, "apply_rotary_pos_emb")
-        _check_rope(original, family)
+        original = checked_rope(family, modeling)
         _patching.patch(modeling, "apply_rotary_pos_emb", _rope_function(original))
+
+
+def checked_norm(family: str, modeling) -> tuple[type, object]:
+    """The family's RMSNorm class and the sgljit forward that replaces HF's, once HF's is checked."""
+    cls_name, formula = FAMILIES[family]
+    cls = getattr(modeling, cls_name)
+    forward, reference, eps_attr, op = _NORMS[formula]
+    _patching.require_op(op)
+    _check_norm(cls, reference, eps_attr)
+    return cls, forward
+
+
+def checked_rope(family: str, modeling):
+    """The family's ``apply_rotary_pos_emb`` as transformers defines it (before any sgljit
+    patch), once checked."""
+    _patching.require_op("apply_rope")
+    original = _patching.original(modeling, "apply_rotary_pos_emb")
+    _check_rope(original, family)
+    return original
 
 
 def _version() -> str:
@@ -187,7 +212,7 @@ def _check_norm(cls: type, reference, eps_attr: str) -> None:
 def _check_rope(original, family: str) -> None:
     """HF's ``apply_rotary_pos_emb`` must take (q, k, cos, sin, unsqueeze_dim) and rotate neox
     pairs by the first half of cos/sin, as the kernel route does."""
-    params = list(inspect.signature(original).parameters)
+    params = list(function_signature(original).parameters)
     if params != _ROPE_PARAMETERS:
         raise RuntimeError(
             f"transformers {_version()}: {family}'s apply_rotary_pos_emb takes ({', '.join(params)}), "
@@ -219,7 +244,7 @@ def _rope_math(q, k, cos, sin):
     return rotate(q), rotate(k)
 
 
-def _rope_fits(q, k, cos, sin) -> bool:
+def rope_fits(q, k, cos, sin) -> bool:
     """q [B, Hq, S, D], k [B, Hk, S, D], cos/sin [1 or B, S, D], all of one dtype and device, no
     autograd, B * S > 0 and D even (full rotary)."""
     if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
@@ -239,7 +264,7 @@ def _rope_fits(q, k, cos, sin) -> bool:
     )
 
 
-def _rope_kernel(q, k, cos, sin):
+def rope_kernel(q, k, cos, sin):
     """New q, k: rotated copies, as HF returns. With one token per sequence (every decode step),
     q and k are copied by one ``cat`` into a [B, Hq + Hk, 1, D] buffer whose [B, H, D] view the
     kernel rotates in place; else each is copied into [B, S, H, D], HF's own layout, which a plain
@@ -278,11 +303,33 @@ def _positions(rows: int, repeats: int, device: torch.device) -> torch.Tensor:
     return _cached_positions(rows, repeats, device)
 
 
+def is_hub_function(fn) -> bool:
+    """Whether ``fn`` is a modeling function made a module by the ``kernels`` library's
+    ``use_kernel_forward_from_hub`` (see :func:`function_signature`)."""
+    return isinstance(fn, torch.nn.Module) and hasattr(type(fn), "kernel_layer_name")
+
+
+def function_signature(fn) -> inspect.Signature:
+    """The signature of a modeling function. transformers decorates some with the ``kernels``
+    library's ``use_kernel_forward_from_hub`` (from 5.25, which depends on ``kernels``; earlier
+    ones too where ``kernels`` is installed): the name then holds an ``nn.Module`` instance whose
+    forward calls the function, and carries its signature after ``self``."""
+    if is_hub_function(fn):
+        signature = inspect.signature(type(fn).forward)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+    return inspect.signature(fn)
+
+
 def _rope_function(original):
-    @functools.wraps(original)
+    """The patched ``apply_rotary_pos_emb``: the kernel, or ``original`` (HF's function, or the
+    module standing for it, which then routes the call through whatever ``kernelize`` chose)."""
+
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if unsqueeze_dim == 1 and _rope_fits(q, k, cos, sin):
-            return _rope_kernel(q, k, cos, sin)
+        if unsqueeze_dim == 1 and rope_fits(q, k, cos, sin):
+            return rope_kernel(q, k, cos, sin)
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
+    apply_rotary_pos_emb.__module__ = original.__module__
+    apply_rotary_pos_emb.__wrapped__ = original  # type: ignore[attr-defined]
+    apply_rotary_pos_emb.__signature__ = function_signature(original)  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
