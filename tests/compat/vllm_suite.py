@@ -29,15 +29,17 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 VENDORED = Path(__file__).resolve().parent / "vllm"
 
 
-def run_file(name: str, backend: str, workdir: Path, *, deselect=(), timeout: float = 3600):
+def run_file(name: str, backend: str, workdir: Path, *, sample: int = 1, deselect=(),
+             timeout: float = 3600):  # fmt: skip
     """pytest over a copy of the vendored ``name`` in ``workdir`` with this plugin; ``backend``
-    "cuda" runs it on the GPU, "reference" and "sycl" on the CPU. ``SGLJIT_COMPAT_PYTEST_ARGS``
-    adds pytest arguments."""
+    "cuda" runs it on the GPU, "reference" and "sycl" on the CPU. ``sample`` > 1: about one case
+    in ``sample`` (:func:`sample`). ``SGLJIT_COMPAT_PYTEST_ARGS`` adds pytest arguments."""
     import sglang_suite
 
     local = Path(shutil.copyfile(VENDORED / name, workdir / name))
@@ -47,8 +49,11 @@ def run_file(name: str, backend: str, workdir: Path, *, deselect=(), timeout: fl
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("SGLJIT_BACKEND", None)
     env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(
+            filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")])
+        ),
         SGLJIT_COMPAT_DEVICE="cuda" if backend == "cuda" else "cpu",
+        SGLJIT_COMPAT_SAMPLE=str(sample),
         **({} if backend == "cuda" else {"SGLJIT_BACKEND": backend}),
     )
     cmd = [
@@ -57,7 +62,9 @@ def run_file(name: str, backend: str, workdir: Path, *, deselect=(), timeout: fl
         *shlex.split(os.environ.get("SGLJIT_COMPAT_PYTEST_ARGS", "")),
         *(f"--deselect={d}" for d in deselect if d.startswith(f"{name}::")), local.name,
     ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout
+    )
     return sglang_suite.Outcome(
         f"{name} on {backend}", done.returncode, sglang_suite._cases(report, name),
         done.stdout + done.stderr,
@@ -99,9 +106,7 @@ def _register_c_ops():
         ),
     }
     for name, schema in schemas.items():
-        mutated = [
-            arg.split()[-1] for arg in schema[1:].split(") ->")[0].split(", ") if "!" in arg
-        ]
+        mutated = [arg.split()[-1] for arg in schema[1:].split(") ->")[0].split(", ") if "!" in arg]
         op = torch.library.custom_op(
             f"_C::{name}", getattr(ops, name), mutates_args=mutated, schema=schema
         )
@@ -289,7 +294,11 @@ def _rotary_module():
         elif kind in ("linear", "dynamic"):
             factor = parameters["factor"]
             factor = factor[0] if isinstance(factor, list | tuple) else factor
-            cls = LinearScalingRotaryEmbedding if kind == "linear" else DynamicNTKScalingRotaryEmbedding
+            cls = (
+                LinearScalingRotaryEmbedding
+                if kind == "linear"
+                else DynamicNTKScalingRotaryEmbedding
+            )
             rope = cls(*args, factor, dtype)
         else:
             raise NotImplementedError(f"rope_type {kind!r} has no stand-in")
@@ -301,9 +310,8 @@ def _rotary_module():
 
 def install_shims(on_cpu: bool) -> None:
     import numpy as np
-    import torch
-
     import sglang_suite as shared
+    import torch
 
     for name in [n for n in sys.modules if n.split(".")[0] in ("vllm", "tests")]:
         del sys.modules[name]
@@ -373,6 +381,35 @@ def install_shims(on_cpu: bool) -> None:
 
 def pytest_configure(config) -> None:
     install_shims(on_cpu=os.environ.get("SGLJIT_COMPAT_DEVICE", "cuda") == "cpu")
+
+
+def sample(items: list, every: int) -> tuple[list, list]:
+    """(kept, dropped): the cases whose node id's CRC-32 is a multiple of ``every``, plus, for
+    each value of each parameter that none of those has, the first case (in collection order)
+    that has it, so every parameter value runs. Deterministic: the same file gives the same
+    selection on every machine."""
+    kept = [item for item in items if zlib.crc32(item.nodeid.encode()) % every == 0]
+    covered = {pair for item in kept for pair in _params(item)}
+    for item in items:
+        missing = set(_params(item)) - covered
+        if missing and item not in kept:
+            kept.append(item)
+            covered |= set(_params(item))
+    chosen = set(map(id, kept))
+    return [i for i in items if id(i) in chosen], [i for i in items if id(i) not in chosen]
+
+
+def _params(item) -> list[tuple[str, str]]:
+    spec = getattr(item, "callspec", None)
+    return [(item.originalname, k, repr(v)) for k, v in spec.params.items()] if spec else []
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``SGLJIT_COMPAT_SAMPLE=N`` (N > 1): run :func:`sample`'s selection (about 1 in N)."""
+    every = int(os.environ.get("SGLJIT_COMPAT_SAMPLE", "1"))
+    if every > 1:
+        items[:], dropped = sample(items, every)
+        config.hook.pytest_deselected(items=dropped)
 
 
 def pytest_report_header(config) -> list[str]:

@@ -609,7 +609,9 @@ def _cuda_specs() -> list[dict]:
         rope(torch.float32, 65, 32, False, torch.int64),
         rope(torch.bfloat16, 128, 128, True, torch.int64, cache=torch.bfloat16),
         rope(torch.float16, 128, 64, False, torch.int32, cache=torch.float16),
-        rope(torch.bfloat16, 128, 128, True, torch.int64, cache=torch.bfloat16, round_products=True),
+        rope(
+            torch.bfloat16, 128, 128, True, torch.int64, cache=torch.bfloat16, round_products=True
+        ),
         kv(torch.bfloat16, 128, 128, True, torch.int64, torch.int64),
         kv(torch.float16, 128, 64, False, torch.int32, torch.int32),
         kv(
@@ -744,7 +746,14 @@ def test_prebuild_specs():
             kv = (q, k, k, k.clone(), k.clone(), cache, pos, pos)
             assert list(_key_of("apply_rope_with_kv_cache", (*kv, True)).items()) in as_items
             for neox in (True, False):
-                rope = (q[..., :rot].contiguous(), k[..., :rot].contiguous(), cache, pos, neox, False)
+                rope = (
+                    q[..., :rot].contiguous(),
+                    k[..., :rot].contiguous(),
+                    cache,
+                    pos,
+                    neox,
+                    False,
+                )
                 assert list(_key_of("apply_rope", rope).items()) in as_items
                 key = ops.family.ops["apply_rope_with_kv_cache"].sycl.key(*kv, neox)
                 named = {"op": "apply_rope_with_kv_cache", **{k: _name(v) for k, v in key.items()}}

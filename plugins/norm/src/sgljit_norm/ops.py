@@ -288,7 +288,9 @@ def _row_cases(fused: bool, rounding: bool, batched: bool) -> list[Case]:
         name += " round_before_weight" if rnd else ""
         name += " float_sum" if fsum else ""
         cases.append(
-            Case(name, lambda dev, a=shape, b=dt, c=wdt, d=rnd, e=fsum: make(dev, a, b, c, d, e), tol)
+            Case(
+                name, lambda dev, a=shape, b=dt, c=wdt, d=rnd, e=fsum: make(dev, a, b, c, d, e), tol
+            )
         )
     return cases
 

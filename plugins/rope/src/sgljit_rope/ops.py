@@ -465,8 +465,9 @@ _ROPE_CASES = [
     _rope_case("q only (k with 0 heads)", 5, (6, 0), 64, 64, torch.bfloat16),
     # vLLM's rounding (sgljit.compat.vllm): each product rounded to the dtype
     *(
-        _rope_case("round_products", 7, (8, 2), 128, rot, dtype, is_neox, cache=dtype,
-                   round_products=True)  # fmt: skip
+        _rope_case(
+            "round_products", 7, (8, 2), 128, rot, dtype, is_neox, cache=dtype, round_products=True
+        )
         for dtype, is_neox, rot in ((torch.bfloat16, True, 128), (torch.float16, False, 64))
     ),
     _rope_case("round_products", 5, (4, 2), 64, 64, torch.bfloat16, False, round_products=True),
@@ -547,8 +548,13 @@ _POSITIONS = Tensor("num_tokens", dtype=_INDEX_DTYPES, layout="contiguous")
 
 _apply_rope = family.op(
     "apply_rope",
-    args={**_QK, "cos_sin_cache": _CACHE, "positions": _POSITIONS, "is_neox": Scalar(bool),
-          "round_products": Scalar(bool)},  # fmt: skip
+    args={
+        **_QK,
+        "cos_sin_cache": _CACHE,
+        "positions": _POSITIONS,
+        "is_neox": Scalar(bool),
+        "round_products": Scalar(bool),
+    },
     reference=_reference_rope,
     doc=reference.apply_rope_into.__doc__,
     cuda=Cuda(

@@ -212,7 +212,9 @@ def static_scaled_fp8_quant(
                              fp8_dtype=result.dtype)  # fmt: skip
 
 
-def dynamic_scaled_fp8_quant(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+def dynamic_scaled_fp8_quant(
+    result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor
+) -> None:
     """``scale <- absmax(input) / fp8_max`` (float32 ``[1]``), then ``result`` as
     :func:`static_scaled_fp8_quant`."""
     ops.per_tensor_quant_fp8(input.contiguous(), out=result, scale_out=scale.view(-1),
