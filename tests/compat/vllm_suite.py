@@ -23,12 +23,14 @@ device).
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import shlex
 import shutil
 import subprocess
 import sys
+import unittest.mock
 import zlib
 from pathlib import Path
 
@@ -40,8 +42,7 @@ def run_file(name: str, backend: str, workdir: Path, *, sample: int = 1, deselec
     """pytest over a copy of the vendored ``name`` in ``workdir`` with this plugin; ``backend``
     "cuda" runs it on the GPU, "reference" and "sycl" on the CPU. ``sample`` > 1: about one case
     in ``sample`` (:func:`sample`). ``SGLJIT_COMPAT_PYTEST_ARGS`` adds pytest arguments."""
-    import sglang_suite
-
+    sglang_suite = _shared()
     local = Path(shutil.copyfile(VENDORED / name, workdir / name))
     ini = workdir / "pytest.ini"
     ini.write_text("[pytest]\nfilterwarnings = ignore::DeprecationWarning\n")
@@ -69,6 +70,14 @@ def run_file(name: str, backend: str, workdir: Path, *, sample: int = 1, deselec
         f"{name} on {backend}", done.returncode, sglang_suite._cases(report, name),
         done.stdout + done.stderr,
     )  # fmt: skip
+
+
+def _shared():
+    """sglang_suite: beside this module in the package (the test session) or on the path (the
+    plugin's interpreter)."""
+    if __package__:
+        return importlib.import_module(f"{__package__}.sglang_suite")
+    return importlib.import_module("sglang_suite")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -310,9 +319,9 @@ def _rotary_module():
 
 def install_shims(on_cpu: bool) -> None:
     import numpy as np
-    import sglang_suite as shared
     import torch
 
+    shared = _shared()
     for name in [n for n in sys.modules if n.split(".")[0] in ("vllm", "tests")]:
         del sys.modules[name]
     _register_c_ops()
@@ -351,19 +360,28 @@ def install_shims(on_cpu: bool) -> None:
     install("vllm.model_executor.layers.rotary_embedding",
             module("vllm.model_executor.layers.rotary_embedding", **_rotary_module()))  # fmt: skip
 
+    def fp8_allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+        """tests/kernels/utils.py: torch.allclose in float64 (fp8 tensors too)."""
+        torch._refs._check_close_args(name="torch.allclose", a=a, b=b, rtol=rtol, atol=atol)
+        close = torch.isclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=equal_nan)
+        return bool(torch.all(close).item())
+
     def opcheck(op, args, kwargs=None, *, test_utils=None, raise_exception=True, cond=True):
+        """tests/kernels/utils.py: torch.library.opcheck (every test util) with torch.allclose
+        as fp8_allclose."""
         utils = test_utils or ("test_schema", "test_autograd_registration", "test_faketensor",
                                "test_aot_dispatch_dynamic")  # fmt: skip
         if not cond:
             return {}
-        return torch.library.opcheck(op, args, kwargs, test_utils=utils,
-                                     raise_exception=raise_exception)  # fmt: skip
+        with unittest.mock.patch("torch.allclose", new=fp8_allclose):
+            return torch.library.opcheck(op, args, kwargs, test_utils=utils,
+                                         raise_exception=raise_exception)  # fmt: skip
 
     def rocm_only(*args, **kwargs):
         raise AssertionError("a ROCm-only helper of vLLM's tests")
 
     install("tests.kernels.utils", module("tests.kernels.utils", opcheck=opcheck,
-            fp8_allclose=rocm_only, fp8_ulp_distance=rocm_only))  # fmt: skip
+            fp8_allclose=fp8_allclose, fp8_ulp_distance=rocm_only))  # fmt: skip
     install("tests.kernels.quant_utils", module("tests.kernels.quant_utils",
                                                 FP8_DTYPE=torch.float8_e4m3fn))  # fmt: skip
     atol = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float: 1e-5}
