@@ -138,14 +138,16 @@ def _cuda_specs() -> list[dict]:
     """Every CUDA module the GPU tests use, as ``family.prebuild`` arguments (one per module)."""
     w = ops.compiled_width
 
-    def rows(dt, h, weight=None, round=False):
-        return dict(op="rmsnorm", dtype=dt, weight=weight or dt, width=w(dt, h), round=round)
+    def rows(dt, h, weight=None, round=False, float_sum=False):
+        return dict(op="rmsnorm", dtype=dt, weight=weight or dt, width=w(dt, h), round=round,
+                    float_sum=float_sum)  # fmt: skip
 
     cases = ROW_CASES["cuda"] + GEMMA_CASES["cuda"] + BATCHED_CASES["cuda"]
     cases += [(BF16, width) for _, width in MANY_ROWS_CASES] + [(FP32, 1024)]
     specs = [rows(dt, h) for dt, h in cases]
     specs += [rows(dt, h, weight=FP32) for dt, h in MIXED_CASES["cuda"]]
     specs += [rows(dt, h, round=True) for dt, h in ROUND_CASES["cuda"]]
+    specs += [rows(BF16, 4096, float_sum=True), rows(FP16, 1000, float_sum=True)]  # FlashInfer's
     specs += [dict(op="qknorm", dtype=dt, weight=dt, width=w(dt, d)) for dt, d in QK_CASES["cuda"]]
     for dt, wq, wk in ACROSS_CASES["cuda"]:
         specs.append(dict(op="qknorm_across_heads", **ops._across_params(dt, wq, wk)))
@@ -1132,6 +1134,7 @@ def test_prebuild_specs_take_the_fast_path():
         "weight": "bfloat16",
         "width": 4096,
         "round": False,
+        "float_sum": False,
     }
     assert rows in cuda
     assert all(s.get("width") for s in cuda), "every prebuilt CUDA module is a fast-path width"

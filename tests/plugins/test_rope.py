@@ -585,13 +585,14 @@ def _cuda_specs() -> list[dict]:
     """The main specializations of the bench and the GPU tests, one per module, each a distinct
     code path: bf16 neox and gptj (whole pairs per vector), fp16 with int32 positions at head size
     80, fp32 (4-element vectors), an odd head size (1-element vectors), caches in q's dtype (bf16
-    neox, fp16 gptj); the KV variant full and partial rotary, and rotating k in place with a bf16
-    cache."""
+    neox, fp16 gptj), vLLM's rounding (round_products); the KV variant full and partial rotary,
+    and rotating k in place with a bf16 cache."""
 
-    def rope(dtype, D, rot, neox, idx, Hq=6, Hk=3, cache=torch.float32):
+    def rope(dtype, D, rot, neox, idx, Hq=6, Hk=3, cache=torch.float32, round_products=False):
         q, k = torch.empty(3, Hq, D, dtype=dtype), torch.empty(3, Hk, D, dtype=dtype)
         table = make_cache(8, rot, "cpu", dtype=cache)
-        return _key_of("apply_rope", (q, k, table, torch.zeros(3, dtype=idx), neox))
+        args = (q, k, table, torch.zeros(3, dtype=idx), neox, round_products)
+        return _key_of("apply_rope", args)
 
     def kv(dtype, D, rot, neox, idx, loc, op="apply_rope_with_kv_cache", cache=torch.float32):
         q, k = torch.empty(3, 5, D, dtype=dtype), torch.empty(3, 3, D, dtype=dtype)
@@ -608,6 +609,9 @@ def _cuda_specs() -> list[dict]:
         rope(torch.float32, 65, 32, False, torch.int64),
         rope(torch.bfloat16, 128, 128, True, torch.int64, cache=torch.bfloat16),
         rope(torch.float16, 128, 64, False, torch.int32, cache=torch.float16),
+        rope(
+            torch.bfloat16, 128, 128, True, torch.int64, cache=torch.bfloat16, round_products=True
+        ),
         kv(torch.bfloat16, 128, 128, True, torch.int64, torch.int64),
         kv(torch.float16, 128, 64, False, torch.int32, torch.int32),
         kv(
@@ -625,7 +629,7 @@ def _cuda_specs() -> list[dict]:
 
 def test_cuda_specs_are_the_fast_paths():
     specs = _cuda_specs()
-    assert [s["rotary_dim"] for s in specs] == [128, 128, 80, 64, 32, 128, 64, 128, 64, 128]
+    assert [s["rotary_dim"] for s in specs] == [128, 128, 80, 64, 32, 128, 64, 128, 128, 64, 128]
     assert "vec" not in specs[0]  # chosen per call in C++: pointers are not part of the key
     assert specs[0] in ops.family.prebuild_specs("cuda")  # the bench's module is prebuilt
 
@@ -742,7 +746,14 @@ def test_prebuild_specs():
             kv = (q, k, k, k.clone(), k.clone(), cache, pos, pos)
             assert list(_key_of("apply_rope_with_kv_cache", (*kv, True)).items()) in as_items
             for neox in (True, False):
-                rope = (q[..., :rot].contiguous(), k[..., :rot].contiguous(), cache, pos, neox)
+                rope = (
+                    q[..., :rot].contiguous(),
+                    k[..., :rot].contiguous(),
+                    cache,
+                    pos,
+                    neox,
+                    False,
+                )
                 assert list(_key_of("apply_rope", rope).items()) in as_items
                 key = ops.family.ops["apply_rope_with_kv_cache"].sycl.key(*kv, neox)
                 named = {"op": "apply_rope_with_kv_cache", **{k: _name(v) for k, v in key.items()}}

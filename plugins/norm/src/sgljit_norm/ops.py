@@ -6,7 +6,9 @@ Dtypes float16, bfloat16, float32; math in float32, cast once. The weights have 
 or float32. Rows may be strided views (the last dimension must be contiguous); ``[B, S, H]`` tensors
 whose leading dimensions do not collapse into one row stride (a slice of a bigger buffer) are taken
 as they are by the ``*_3d`` ops. ``rmsnorm`` and ``fused_add_rmsnorm`` have Hugging Face's rounding
-as an option (``round_before_weight``); HF's Gemma norms round as the Gemma ops always do. CUDA
+as an option (``round_before_weight``); HF's Gemma norms round as the Gemma ops always do. The
+fused adds normalize the rounded sum (what ``residual`` stores); ``float_sum`` normalizes the float32
+sum instead, as FlashInfer's kernels do. CUDA
 kernels are specialized by dtype, weight dtype and row width: every width that is a multiple of 16
 bytes (8 elements of 16-bit types, 4 of float32) up to 4096 vectors per row (bf16/fp16 32768, fp32
 16384) takes the fast path (the row lives in registers); any other width, or a row that is not
@@ -80,27 +82,30 @@ def compiled_width(dtype: torch.dtype, hidden: int) -> int:
 
 def _rows_key(x, w, *_):
     """rmsnorm-like ops without the rounding option (the Gemma ones): (input, weight, ...)."""
-    return x.dtype, x.shape[-1], w.dtype, False
+    return x.dtype, x.shape[-1], w.dtype, False, False
 
 
 def _rows_round_key(x, w, out, eps, round_before_weight):
-    return x.dtype, x.shape[-1], w.dtype, round_before_weight
+    return x.dtype, x.shape[-1], w.dtype, round_before_weight, False
 
 
-def _fused_key(x, r, w, *_):
-    return x.dtype, x.shape[-1], w.dtype, False
+def _fused_key(x, r, w, eps, float_sum):
+    return x.dtype, x.shape[-1], w.dtype, False, float_sum
 
 
-def _fused_round_key(x, r, w, eps, round_before_weight):
-    return x.dtype, x.shape[-1], w.dtype, round_before_weight
+def _fused_round_key(x, r, w, eps, float_sum, round_before_weight):
+    return x.dtype, x.shape[-1], w.dtype, round_before_weight, float_sum
 
 
-def _rows_params(dtype: torch.dtype, hidden: int, weight: torch.dtype, round: bool) -> dict:
+def _rows_params(
+    dtype: torch.dtype, hidden: int, weight: torch.dtype, round: bool, float_sum: bool = False
+) -> dict:
     return {
         "dtype": dtype,
         "weight": weight,
         "width": compiled_width(dtype, hidden),
         "round": round,
+        "float_sum": float_sum,
     }
 
 
@@ -136,11 +141,12 @@ def _sycl_key(
     vec: int,
     weight: torch.dtype | None = None,
     round: bool = False,
+    float_sum: bool = False,
 ) -> dict:
     """Work-items per row: a power of two in [16, 256] (sub-groups of 16). ``weight``: the input's
-    dtype if None."""
+    dtype if None. NORM_SUM only where set (the other keys name the modules they always did)."""
     work_group = min(256, max(16, 1 << (hidden // vec - 1).bit_length()))
-    return {
+    key = {
         "SGLJIT_T": dtype,
         "NORM_W": weight or dtype,
         "NORM_ROUND": round,
@@ -148,6 +154,9 @@ def _sycl_key(
         "NORM_VEC": vec,
         "NORM_WG": work_group,
     }
+    if float_sum:
+        key["NORM_SUM"] = True
+    return key
 
 
 def _sycl_vec(hidden: int, *tensors: torch.Tensor) -> int:
@@ -164,12 +173,15 @@ def _sycl_vec(hidden: int, *tensors: torch.Tensor) -> int:
     return vec
 
 
-def _sycl_rows_key(x, y, z, *rest):
-    """(input, weight, out, eps[, round]) or (input, residual, weight, eps[, round]): every tensor
-    decides the access width."""
-    weight = y if y.dim() == 1 else z
-    round = bool(rest[1]) if len(rest) > 1 else False
-    return _sycl_key(x.dtype, x.shape[-1], _sycl_vec(x.shape[-1], x, y, z), weight.dtype, round)
+def _sycl_rows_key(x, y, z, eps, *flags):
+    """(input, weight, out, eps[, round]) or (input, residual, weight, eps, float_sum[, round]):
+    every tensor decides the access width."""
+    fused = y.dim() != 1
+    weight = z if fused else y
+    float_sum = bool(flags[0]) if fused else False
+    round = bool(flags[-1]) if len(flags) > int(fused) else False
+    vec = _sycl_vec(x.shape[-1], x, y, z)
+    return _sycl_key(x.dtype, x.shape[-1], vec, weight.dtype, round, float_sum)
 
 
 def _sycl_heads_key(q, k, q_weight, *_):
@@ -232,7 +244,7 @@ def _row_cases(fused: bool, rounding: bool, batched: bool) -> list[Case]:
     of 16-bit rows and (ops that have it) Hugging Face's rounding. ``batched``: [B, S, H] slices of
     bigger buffers, whose leading dimensions do not collapse into one row stride."""
 
-    def make(device, shape, dtype, weight_dtype, round_before_weight):
+    def make(device, shape, dtype, weight_dtype, round_before_weight, float_sum):
         def rand(*size):
             return torch.randn(*size, device=device, dtype=dtype)
 
@@ -245,7 +257,7 @@ def _row_cases(fused: bool, rounding: bool, batched: bool) -> list[Case]:
         weight = torch.randn(shape[-1], device=device, dtype=weight_dtype)
         flag = (round_before_weight,) if rounding else ()
         if fused:
-            return rows(), rows(), weight, 1e-6, *flag
+            return rows(), rows(), weight, 1e-6, float_sum, *flag
         out = torch.empty(*shape, device=device, dtype=dtype)
         if batched:
             out = torch.empty(shape[0], shape[1] + 3, shape[2], device=device, dtype=dtype)[:, 2:-1]
@@ -254,23 +266,31 @@ def _row_cases(fused: bool, rounding: bool, batched: bool) -> list[Case]:
     shapes = (
         ((2, 3, 4096), (1, 5, 1024), (3, 2, 1000)) if batched else ((7, 4096), (1, 1024), (3, 1000))
     )
-    variants = [(dt, dt, False, shape, tol) for dt, tol in _TOLERANCES for shape in shapes]
+    variants = [(dt, dt, False, False, shape, tol) for dt, tol in _TOLERANCES for shape in shapes]
     variants += [
-        (dt, torch.float32, False, shapes[i], _TOL[dt])
+        (dt, torch.float32, False, False, shapes[i], _TOL[dt])
         for dt, i in ((torch.bfloat16, 0), (torch.float16, 2))
     ]
     if rounding:
         variants += [
-            (dt, dt, True, shapes[i], _TOL[dt])
+            (dt, dt, True, False, shapes[i], _TOL[dt])
+            for dt, i in ((torch.bfloat16, 0), (torch.float16, 2))
+        ]
+    if fused:  # FlashInfer's fused add: the float32 sum normalized
+        variants += [
+            (dt, dt, False, True, shapes[i], _TOL[dt])
             for dt, i in ((torch.bfloat16, 0), (torch.float16, 2))
         ]
     cases = []
-    for dt, wdt, rnd, shape, tol in variants:
+    for dt, wdt, rnd, fsum, shape, tol in variants:
         name = f"{'x'.join(map(str, shape))} {_dtype_name(dt)}"
         name += f" weight {_dtype_name(wdt)}" if wdt != dt else ""
         name += " round_before_weight" if rnd else ""
+        name += " float_sum" if fsum else ""
         cases.append(
-            Case(name, lambda dev, a=shape, b=dt, c=wdt, d=rnd: make(dev, a, b, c, d), tol)
+            Case(
+                name, lambda dev, a=shape, b=dt, c=wdt, d=rnd, e=fsum: make(dev, a, b, c, d, e), tol
+            )
         )
     return cases
 
@@ -316,6 +336,7 @@ def _row_args(fused: bool, rounding: bool, batched: bool) -> dict:
             "residual": Tensor(*rows, dtype="input", io="inout"),
             "weight": Tensor("hidden", dtype=_WEIGHT_DTYPES, layout="contiguous"),
             "eps": Scalar(float, min=0.0),
+            "float_sum": Scalar(bool),  # FlashInfer's: the float32 sum normalized, not its rounding
         }
     else:
         args = {
@@ -331,7 +352,7 @@ def _row_args(fused: bool, rounding: bool, batched: bool) -> dict:
 
 _ROWS_PREBUILD = {
     "cuda": [
-        {"dtype": dt, "weight": dt, "width": h, "round": False}
+        {"dtype": dt, "weight": dt, "width": h, "round": False, "float_sum": False}
         for dt in _FLEET_DTYPES
         for h in _FLEET_HIDDENS
     ],
@@ -349,6 +370,7 @@ def _row_op(name: str, gemma: bool, fused: bool, batched: bool = False):
     """One of the row ops; ``batched``: its ``_3d`` form over [B, S, H]. The Gemma ops have no
     rounding option: Hugging Face's Gemma norms round once, at the end, as they do."""
     cpp = "FusedAddRMSNorm" if fused else "RMSNorm"
+    float_sum = ", {float_sum}" if fused else ""
     ref = reference.fused_add_rmsnorm_ if fused else reference.rmsnorm_into
     rounding = not gemma
     if rounding:
@@ -363,7 +385,8 @@ def _row_op(name: str, gemma: bool, fused: bool, batched: bool = False):
         doc=ref.__doc__,
         cuda=Cuda(
             "csrc/norm.cuh",
-            f"sgljit_norm::{cpp}<{{dtype}}, {{weight}}, {{width}}, {str(gemma).lower()}, {{round}}>::run",
+            f"sgljit_norm::{cpp}<{{dtype}}, {{weight}}, {{width}}, {str(gemma).lower()}, {{round}}"
+            f"{float_sum}>::run",
             key=key,
             params=_rows_params,
             module="rows",
@@ -729,30 +752,40 @@ def fused_add_rmsnorm(
     eps: float = 1e-6,
     *,
     round_before_weight: bool = False,
+    float_sum: bool = False,
 ) -> None:
     """In place: ``residual <- input + residual`` (rounded to the dtype), then
     ``input <- rmsnorm(residual, weight, eps)``. input, residual ``[..., H]`` (``[B, S, H]`` slices
     of bigger buffers too), weight ``[H]`` of input's dtype or float32. ``round_before_weight``:
     as for :func:`rmsnorm`, of the float32 sum ``input + residual`` (sglang's
-    ``cast_x_before_out_mul``; the residual stores the sum rounded)."""
+    ``cast_x_before_out_mul``; the residual stores the sum rounded). ``float_sum``: normalize the
+    float32 sum ``input + residual`` rather than the rounded one the residual stores (FlashInfer's
+    kernels)."""
     if _both_2d(input, residual):
-        _fused_add_rmsnorm(input, residual, weight, eps, round_before_weight)
+        _fused_add_rmsnorm(input, residual, weight, eps, float_sum, round_before_weight)
         return
     batched, x, r = _shaped(input, residual, "residual", True)
     (_fused_add_rmsnorm_3d if batched else _fused_add_rmsnorm)(
-        x, r, weight, eps, round_before_weight
+        x, r, weight, eps, float_sum, round_before_weight
     )
 
 
 def gemma_fused_add_rmsnorm(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    float_sum: bool = False,
 ) -> None:
-    """:func:`fused_add_rmsnorm` with weight ``(1 + weight)`` (Gemma)."""
+    """:func:`fused_add_rmsnorm` with weight ``(1 + weight)`` (Gemma); ``float_sum`` as there."""
     if _both_2d(input, residual):
-        _gemma_fused_add_rmsnorm(input, residual, weight, eps)
+        _gemma_fused_add_rmsnorm(input, residual, weight, eps, float_sum)
         return
     batched, x, r = _shaped(input, residual, "residual", True)
-    (_gemma_fused_add_rmsnorm_3d if batched else _gemma_fused_add_rmsnorm)(x, r, weight, eps)
+    (_gemma_fused_add_rmsnorm_3d if batched else _gemma_fused_add_rmsnorm)(
+        x, r, weight, eps, float_sum
+    )
 
 
 def qknorm(

@@ -4,7 +4,8 @@ Math in float32, cast once: ``y = x * rsqrt(mean(x^2) + eps) * w`` (Gemma: ``* (
 has the input's dtype or float32. ``round_before_weight`` (Hugging Face's LlamaRMSNorm) rounds
 ``x * rsqrt(...)`` to the input's dtype before the weight multiply. The fused add rounds
 ``input + residual`` to the dtype first and normalizes that rounded sum; with
-``round_before_weight`` it normalizes the float32 sum (sglang's ``cast_x_before_out_mul``). Rows are
+``round_before_weight`` (sglang's ``cast_x_before_out_mul``) or ``float_sum`` (FlashInfer's) it
+normalizes the float32 sum. Rows are
 ``[T, H]`` or ``[B, S, H]``.
 
 RMSNorm -> fp8: the float32 normalized value ``y`` (not rounded to the input dtype) is quantized as
@@ -69,18 +70,19 @@ def fused_add_rmsnorm_(
     residual: torch.Tensor,
     weight: torch.Tensor,
     eps: float,
+    float_sum: bool = False,
     round_before_weight: bool = False,
     gemma: bool = False,
 ) -> None:
     """``residual <- input + residual`` (rounded to the dtype); ``input <- rmsnorm(residual)``
-    (``round_before_weight``: of the float32 sum)."""
+    (``round_before_weight``, ``float_sum``: of the float32 sum)."""
     total = input.float() + residual.float()
     rounded = total.to(residual.dtype)
     residual.copy_(rounded)
     if round_before_weight:
         input.copy_(rms_norm(total, weight, eps, gemma, input.dtype))
     else:
-        input.copy_(rms_norm(rounded, weight, eps, gemma))
+        input.copy_(rms_norm(total if float_sum else rounded, weight, eps, gemma))
 
 
 def qknorm_(

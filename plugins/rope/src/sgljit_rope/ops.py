@@ -122,7 +122,7 @@ def _check_width(rot: int, head_dim: int | None = None) -> None:
 # run() checks it (the module does not depend on head_dim); the KV key, whose module does, here.
 
 
-_ROPE_PARAMS = ("dtype", "cache_dtype", "idx_dtype", "rotary_dim", "is_neox")
+_ROPE_PARAMS = ("dtype", "cache_dtype", "idx_dtype", "rotary_dim", "is_neox", "round_products")
 _KV_PARAMS = ("dtype", "cache_dtype", "idx_dtype", "loc_dtype", "head_dim", "rotary_dim", "is_neox")
 _SIZE = {
     torch.float32: 4,
@@ -131,16 +131,18 @@ _SIZE = {
 }  # a cache of another dtype is refused
 
 
-def _rope_key(q, k, cos_sin_cache, positions, is_neox) -> tuple:
+def _rope_key(q, k, cos_sin_cache, positions, is_neox, round_products) -> tuple:
     """The module's template parameters, read as cheaply as possible (every eager call): the
     width is checked once per new key (_rope_params), the rows and the vector width (pointers,
     strides) by the module per call."""
-    return q.dtype, cos_sin_cache.dtype, positions.dtype, cos_sin_cache.shape[1], is_neox
+    return (q.dtype, cos_sin_cache.dtype, positions.dtype, cos_sin_cache.shape[1], is_neox,
+            round_products)  # fmt: skip
 
 
-def _rope_params(dtype, cache_dtype, idx_dtype, rotary_dim: int, is_neox: bool) -> dict:
+def _rope_params(dtype, cache_dtype, idx_dtype, rotary_dim: int, is_neox: bool,
+                 round_products: bool) -> dict:  # fmt: skip
     _check_width(rotary_dim)
-    key = (dtype, cache_dtype, idx_dtype, rotary_dim, is_neox)
+    key = (dtype, cache_dtype, idx_dtype, rotary_dim, is_neox, round_products)
     return dict(zip(_ROPE_PARAMS, key, strict=True))
 
 
@@ -162,26 +164,32 @@ def _fleet_key(key, dtype, head_dim: int, rot: int, is_neox: bool) -> dict:
     x = torch.empty(2, 4, head_dim, dtype=dtype)
     cache, index = torch.empty(4, rot), torch.zeros(2, dtype=torch.int64)
     if key in (_rope_key, _sycl_rope_key):
-        found = key(x, x, cache, index, is_neox)
+        found = key(x, x, cache, index, is_neox, False)
     else:
         found = key(x, x, x, x, x, cache, index, index, is_neox)
     names = {_rope_key: _ROPE_PARAMS, _kv_key: _KV_PARAMS}.get(key)
     return dict(zip(names, found, strict=True)) if names else found
 
 
-def _sycl_key(dtype, cache_dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec) -> dict:
-    """The -D macros of sycl/rope.hpp (one module serves every op)."""
-    return {"SGLJIT_T": dtype, "ROPE_CACHE_T": cache_dtype, "ROPE_IDX_T": idx_dtype,
-            "ROPE_LOC_T": loc_dtype, "ROPE_HEAD_DIM": head_dim, "ROPE_ROT": rotary_dim,
-            "ROPE_NEOX": int(is_neox), "ROPE_VEC": vec}  # fmt: skip
+def _sycl_key(dtype, cache_dtype, idx_dtype, loc_dtype, head_dim, rotary_dim, is_neox, vec,
+              round_products=False) -> dict:  # fmt: skip
+    """The -D macros of sycl/rope.hpp (one module serves every op; ROPE_ROUND_PRODUCTS only where
+    set, so the other keys name the modules they always did)."""
+    key = {"SGLJIT_T": dtype, "ROPE_CACHE_T": cache_dtype, "ROPE_IDX_T": idx_dtype,
+           "ROPE_LOC_T": loc_dtype, "ROPE_HEAD_DIM": head_dim, "ROPE_ROT": rotary_dim,
+           "ROPE_NEOX": int(is_neox), "ROPE_VEC": vec}  # fmt: skip
+    if round_products:
+        key["ROPE_ROUND_PRODUCTS"] = 1
+    return key
 
 
-def _sycl_rope_key(q, k, cos_sin_cache, positions, is_neox) -> dict:
+def _sycl_rope_key(q, k, cos_sin_cache, positions, is_neox, round_products) -> dict:
     """apply_rope touches the first rotary_dim elements of a head: built with head_dim = rotary_dim."""
     max_pos, rot = _cache_shape(cos_sin_cache, q.shape[2])
     cache_dtype = cos_sin_cache.dtype
     vec = _pick_vec((q, k), cos_sin_cache, max_pos, rot, rot, _SIZE[cache_dtype])
-    return _sycl_key(q.dtype, cache_dtype, positions.dtype, torch.int64, rot, rot, is_neox, vec)
+    return _sycl_key(q.dtype, cache_dtype, positions.dtype, torch.int64, rot, rot, is_neox, vec,
+                     round_products)  # fmt: skip
 
 
 def _sycl_kv_key(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox) -> dict:
@@ -203,7 +211,7 @@ def _sycl_geometry(num_items: int, rot: int, vec: int) -> tuple[int, int]:
     return -(-num_items // groups) * local, local
 
 
-def _launch_rope(module, key, q, k, cos_sin_cache, positions, is_neox) -> None:
+def _launch_rope(module, key, q, k, cos_sin_cache, positions, is_neox, round_products) -> None:
     T, Hq, Hk = q.shape[0], q.shape[1], k.shape[1]
     chunks_q, chunks_k = -(-Hq // 4), -(-Hk // 4)  # sycl/rope.hpp kHeads
     items = T * (chunks_q + chunks_k)
@@ -322,9 +330,9 @@ def _reference_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, e
     reference.qknorm_rope_into(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, is_neox)
 
 
-def _reference_rope(q, k, cos_sin_cache, positions, is_neox) -> None:
+def _reference_rope(q, k, cos_sin_cache, positions, is_neox, round_products) -> None:
     _cache_shape(cos_sin_cache, q.shape[2])
-    reference.apply_rope_into(q, k, cos_sin_cache, positions, is_neox)
+    reference.apply_rope_into(q, k, cos_sin_cache, positions, is_neox, round_products)
 
 
 def _reference_kv(rotate_k: bool, q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
@@ -341,6 +349,9 @@ def _reference_kv(rotate_k: bool, q, k, v, k_cache, v_cache, cos_sin_cache, posi
 # Math in fp32, rounded once: within half an ulp of the exact result (bf16 2^-8 relative, fp16 2^-11)
 # plus fp32 rounding; the tolerances are about twice that.
 _TOLERANCES = {torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float32: 1e-5}
+# round_products rounds cos, sin, both products and the result: up to half an ulp of each of
+# |x1 cos| + |x2 sin| (up to about 4x the result's size here) and of the result; about twice that.
+_ROUND_PRODUCTS_TOLERANCES = {torch.bfloat16: 2.5e-2, torch.float16: 3e-3, torch.float32: 1e-5}
 _I32 = torch.int32
 
 
@@ -379,7 +390,8 @@ def _cache_label(cache: torch.dtype, dtype: torch.dtype) -> str:
 
 
 def _rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=torch.int64,
-               qkv=False, bad_positions=False, cache=torch.float32) -> Case:  # fmt: skip
+               qkv=False, bad_positions=False, cache=torch.float32,
+               round_products=False) -> Case:  # fmt: skip
     hq, hk = heads
     max_pos = 64
 
@@ -393,11 +405,13 @@ def _rope_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=t
         positions = torch.randint(0, max_pos, (tokens,), dtype=idx, device=device)
         if bad_positions:
             positions = _bad_indices(positions, max_pos)
-        return q, k, _cos_sin_cache(max_pos, rot, device, cache), positions, is_neox
+        table = _cos_sin_cache(max_pos, rot, device, cache)
+        return q, k, table, positions, is_neox, round_products
 
     label = _case_label(tokens, hq, hk, head_dim, rot, is_neox, dtype)
     label += _cache_label(cache, dtype)
-    return Case(f"{label} {name}".strip(), make, _TOLERANCES[dtype])
+    tolerance = (_ROUND_PRODUCTS_TOLERANCES if round_products else _TOLERANCES)[dtype]
+    return Case(f"{label} {name}".strip(), make, tolerance)
 
 
 def _kv_case(name, tokens, heads, head_dim, rot, dtype, is_neox=True, *, idx=torch.int64,
@@ -449,6 +463,14 @@ _ROPE_CASES = [
     _rope_case("", 7, (8, 2), 128, 128, torch.bfloat16, cache=torch.bfloat16),
     _rope_case("", 6, (5, 3), 128, 64, torch.float16, False, idx=_I32, cache=torch.float16),
     _rope_case("q only (k with 0 heads)", 5, (6, 0), 64, 64, torch.bfloat16),
+    # vLLM's rounding (sgljit.compat.vllm): each product rounded to the dtype
+    *(
+        _rope_case(
+            "round_products", 7, (8, 2), 128, rot, dtype, is_neox, cache=dtype, round_products=True
+        )
+        for dtype, is_neox, rot in ((torch.bfloat16, True, 128), (torch.float16, False, 64))
+    ),
+    _rope_case("round_products", 5, (4, 2), 64, 64, torch.bfloat16, False, round_products=True),
 ]
 _KV_CASES = [
     *(_kv_case("", 5, (8, 2), 128, 128, dtype) for dtype in _TOLERANCES),
@@ -526,12 +548,19 @@ _POSITIONS = Tensor("num_tokens", dtype=_INDEX_DTYPES, layout="contiguous")
 
 _apply_rope = family.op(
     "apply_rope",
-    args={**_QK, "cos_sin_cache": _CACHE, "positions": _POSITIONS, "is_neox": Scalar(bool)},
+    args={
+        **_QK,
+        "cos_sin_cache": _CACHE,
+        "positions": _POSITIONS,
+        "is_neox": Scalar(bool),
+        "round_products": Scalar(bool),
+    },
     reference=_reference_rope,
     doc=reference.apply_rope_into.__doc__,
     cuda=Cuda(
         "csrc/rope.cuh",
-        "sgljit_rope::RopeKernel<{dtype}, {cache_dtype}, {idx_dtype}, {rotary_dim}, {is_neox}>::run",
+        "sgljit_rope::RopeKernel<{dtype}, {cache_dtype}, {idx_dtype}, {rotary_dim}, {is_neox}, "
+        "{round_products}>::run",
         key=_rope_key,
         params=_rope_params,
     ),
@@ -698,6 +727,7 @@ def apply_rope(
     is_neox: bool = True,
     rotary_dim: int | None = None,
     head_dim: int | None = None,
+    round_products: bool = False,
 ) -> None:
     """Rotary embedding of q ``[T, Hq, D]`` and k ``[T, Hk, D]`` (or None: q alone), in place.
 
@@ -706,7 +736,9 @@ def apply_rope(
     Only the first ``rotary_dim`` dims of each head rotate; the rest are untouched. ``rotary_dim``
     defaults to the cache's width (if given, it must equal it); ``head_dim`` is needed when q and k
     are both flattened ``[T, H * D]`` (the head size cannot be read from them). q and k may be
-    strided views (e.g. into a qkv buffer).
+    strided views (e.g. into a qkv buffer). Math in float32, rounded once; ``round_products``:
+    vLLM's rounding instead (its kernel computes in the dtype): cos and sin rounded to the dtype,
+    each product rounded, then ``x1*cos - x2*sin`` (less accurate; for drop-in equality only).
     """
     try:
         if k is None:  # k with no heads: the kernels' k work is empty
@@ -720,7 +752,7 @@ def apply_rope(
     except AttributeError:  # name the argument that is not a tensor
         _require_tensors(q=q, k=k, cos_sin_cache=cos_sin_cache, positions=positions)
         raise
-    args = (q, k, cos_sin_cache, positions, is_neox)
+    args = (q, k, cos_sin_cache, positions, is_neox, round_products)
     if _CHECK_INDICES and not torch.compiler.is_compiling():
         _check_indices(_apply_rope, args, ("positions", 3, lambda: cos_sin_cache.shape[0]))
     _apply_rope(*args)

@@ -49,8 +49,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-def _rope_one(x, cos, sin, valid, rot, is_neox) -> torch.Tensor:
-    """The rotated first ``rot`` dims of ``x`` [T, H, D], in x's dtype (unrotated where not valid)."""
+def _rope_one(x, cos, sin, valid, rot, is_neox, round_products=False) -> torch.Tensor:
+    """The rotated first ``rot`` dims of ``x`` [T, H, D], in x's dtype (unrotated where not valid).
+    ``round_products``: computed in x's dtype, as vLLM's kernel (cos, sin, each product and the
+    result rounded to it)."""
+    if round_products:
+        xr = x[..., :rot]
+        rotated = _rotate(xr, cos.to(x.dtype), sin.to(x.dtype), is_neox)
+        return torch.where(valid, rotated, xr)
     xr = _math(x[..., :rot])
     return torch.where(valid, _rotate(xr, cos, sin, is_neox), xr).to(x.dtype)
 
@@ -80,12 +86,14 @@ def apply_rope_into(
     cos_sin_cache: torch.Tensor,
     positions: torch.Tensor,
     is_neox: bool,
+    round_products: bool = False,
 ) -> None:
-    """In place on q [T, Hq, D] and k [T, Hk, D] (views allowed)."""
+    """In place on q [T, Hq, D] and k [T, Hk, D] (views allowed); ``round_products``: vLLM's
+    rounding (each product rounded to the dtype)."""
     rot = cos_sin_cache.shape[1]
     cos, sin, valid = _gather_cos_sin(cos_sin_cache, positions)
     for x in (q, k):
-        x[..., :rot].copy_(_rope_one(x, cos, sin, valid, rot, is_neox))
+        x[..., :rot].copy_(_rope_one(x, cos, sin, valid, rot, is_neox, round_products))
 
 
 def apply_rope_with_kv_cache_into(

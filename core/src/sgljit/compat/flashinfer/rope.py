@@ -1,18 +1,51 @@
-"""FlashInfer's ``flashinfer.rope`` cos/sin-cache functions on sgljit's rope op.
+"""``flashinfer.rope``'s rotary embedding functions on sgljit's rope op, with their signatures and
+results, so a call site ports by changing the import::
 
-``from sgljit.compat.flashinfer.rope import apply_rope_with_cos_sin_cache_inplace`` where code
-imports it from ``flashinfer.rope``. Same signatures and semantics (cos_sin_cache must be float32,
-as FlashInfer requires). Beyond FlashInfer: a position outside the cache leaves its token unrotated
-(see ``sgljit.ops.apply_rope``).
+    from sgljit.compat.flashinfer.rope import apply_rope_pos_ids_inplace
+
+- ``apply_rope_with_cos_sin_cache{,_inplace}``: a ``[max_pos, rotary_dim]`` float32 cos/sin cache
+  (cos | sin), as FlashInfer requires.
+- ``apply_rope{,_inplace}`` (a ragged batch: ``indptr`` and per-sequence ``offsets``),
+  ``apply_rope_pos_ids{,_inplace}`` (a position per token) and their Llama 3.1 forms
+  ``apply_llama31_rope*`` (frequency smoothing between ``low_freq_factor`` and
+  ``high_freq_factor`` wavelengths of ``old_context_len``): cos/sin computed from ``rope_theta``
+  and ``rope_scale``, as FlashInfer's kernels compute them on the fly.
+
+The ``*_inplace`` functions rotate q and k in place and return None; the others return new
+``(q_rope, k_rope)`` and leave q and k as they were. ``interleave=False`` rotates the pairs
+``(i, i + rotary_dim/2)`` (neox), ``True`` the adjacent pairs ``(2i, 2i + 1)``; dims past
+``rotary_dim`` are copied unrotated.
+
+Where this differs on purpose:
+
+- Computed cos/sin: the angle ``float32(position) * freq`` is formed in float32 as FlashInfer does,
+  with ``freq`` rounded from float64 and cos/sin evaluated accurately (FlashInfer: ``__powf`` and
+  ``__sincosf``, fast approximations); the table is one ``[nnz, rotary_dim]`` float32 row per token
+  (an extra pass over ``nnz * rotary_dim * 4`` bytes before the rotation, no host sync).
+- A position outside the cache (``*_cos_sin_cache``) leaves its token unrotated (see
+  ``sgljit.ops.apply_rope``); FlashInfer reads out of bounds.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from sgljit import ops
 
-__all__ = ["apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace"]
+__all__ = [
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+]
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -48,6 +81,206 @@ def apply_rope_with_cos_sin_cache(
         query_out, key_out, cos_sin_cache, positions, is_neox=is_neox, head_dim=head_size
     )
     return query_out, key_out
+
+
+def apply_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> None:
+    """Rotary embedding of a ragged batch, in place: q ``[nnz, Hq, D]``, k ``[nnz, Hk, D]``;
+    sequence ``i`` is rows ``indptr[i]:indptr[i + 1]``, its first token at position
+    ``offsets[i]``. Frequencies ``rope_theta ** (-2j / rotary_dim) / rope_scale``."""
+    _rotate(q, k, _ragged_positions(indptr, offsets, q), rotary_dim, interleave,
+            _frequencies(q, rotary_dim, rope_scale, rope_theta))  # fmt: skip
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope_inplace` on copies: returns ``(q_rope, k_rope)``."""
+    q_rope, k_rope = q.clone(), k.clone()
+    apply_rope_inplace(q_rope, k_rope, indptr, offsets, rotary_dim, interleave, rope_scale,
+                       rope_theta)  # fmt: skip
+    return q_rope, k_rope
+
+
+def apply_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> None:
+    """Rotary embedding of q ``[nnz, Hq, D]`` and k ``[nnz, Hk, D]`` in place, token ``t`` at
+    position ``pos_ids[t]`` (int32/int64 ``[nnz]``)."""
+    _rotate(q, k, pos_ids, rotary_dim, interleave,
+            _frequencies(q, rotary_dim, rope_scale, rope_theta))  # fmt: skip
+
+
+def apply_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope_pos_ids_inplace` on copies: returns ``(q_rope, k_rope)``."""
+    q_rope, k_rope = q.clone(), k.clone()
+    apply_rope_pos_ids_inplace(q_rope, k_rope, pos_ids, rotary_dim, interleave, rope_scale,
+                               rope_theta)  # fmt: skip
+    return q_rope, k_rope
+
+
+def apply_llama31_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> None:
+    """:func:`apply_rope_inplace` with Llama 3.1's frequencies: wavelengths beyond
+    ``old_context_len / low_freq_factor`` divided by ``rope_scale``, below
+    ``old_context_len / high_freq_factor`` kept, smoothly blended between."""
+    freqs = _frequencies(q, rotary_dim, rope_scale, rope_theta,
+                         (low_freq_factor, high_freq_factor, old_context_len))  # fmt: skip
+    _rotate(q, k, _ragged_positions(indptr, offsets, q), rotary_dim, interleave, freqs)
+
+
+def apply_llama31_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_llama31_rope_inplace` on copies: returns ``(q_rope, k_rope)``."""
+    q_rope, k_rope = q.clone(), k.clone()
+    apply_llama31_rope_inplace(q_rope, k_rope, indptr, offsets, rotary_dim, interleave, rope_scale,
+                               rope_theta, low_freq_factor, high_freq_factor,
+                               old_context_len)  # fmt: skip
+    return q_rope, k_rope
+
+
+def apply_llama31_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> None:
+    """:func:`apply_rope_pos_ids_inplace` with Llama 3.1's frequencies (see
+    :func:`apply_llama31_rope_inplace`)."""
+    freqs = _frequencies(q, rotary_dim, rope_scale, rope_theta,
+                         (low_freq_factor, high_freq_factor, old_context_len))  # fmt: skip
+    _rotate(q, k, pos_ids, rotary_dim, interleave, freqs)
+
+
+def apply_llama31_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_llama31_rope_pos_ids_inplace` on copies: returns ``(q_rope, k_rope)``."""
+    q_rope, k_rope = q.clone(), k.clone()
+    apply_llama31_rope_pos_ids_inplace(q_rope, k_rope, pos_ids, rotary_dim, interleave,
+                                       rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                                       old_context_len)  # fmt: skip
+    return q_rope, k_rope
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _frequencies(q, rotary_dim, rope_scale, rope_theta, llama31=None) -> torch.Tensor:
+    """float32 ``[rotary_dim / 2]``: ``rope_theta ** (-2j / rotary_dim)``, divided by
+    ``rope_scale`` (``llama31``: ``(low_freq_factor, high_freq_factor, old_context_len)``, blended
+    by wavelength as FlashInfer's kernels do)."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
+    rot = q.shape[-1] if rotary_dim is None else rotary_dim
+    if not isinstance(rot, int) or rot <= 0 or rot % 2 or rot > q.shape[-1]:
+        raise ValueError(
+            f"rotary_dim: expected an even int in (0, head_dim {q.shape[-1]}], got {rotary_dim!r}"
+        )
+    freq = torch.arange(0, rot, 2, dtype=torch.float64, device=q.device).div(rot)
+    freq = torch.pow(1.0 / rope_theta, freq)
+    if llama31 is None:
+        freq = freq / rope_scale
+    else:
+        low, high, old_context_len = llama31
+        smooth = freq * (old_context_len / (2 * math.pi * (high - low))) - 1.0 / (high / low - 1.0)
+        smooth = smooth.clamp(0.0, 1.0)
+        freq = (1 - smooth) * (freq / rope_scale) + smooth * freq
+    return freq.float()
+
+
+def _ragged_positions(indptr, offsets, q) -> torch.Tensor:
+    """Each token's position: ``offsets[i] + (t - indptr[i])`` for the rows ``t`` of sequence
+    ``i`` (no host sync: the output size is q's rows)."""
+    for name, t in (("indptr", indptr), ("offsets", offsets)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D index tensor")
+    if indptr.shape[0] != offsets.shape[0] + 1:
+        raise ValueError(
+            f"indptr: expected batch_size + 1 = {offsets.shape[0] + 1} entries, got "
+            f"{indptr.shape[0]}"
+        )
+    nnz = q.shape[0]
+    starts = (indptr[:-1] - offsets).long()
+    lengths = indptr.diff().long()
+    rows = torch.arange(nnz, device=q.device)
+    return rows - torch.repeat_interleave(starts, lengths, output_size=nnz)
+
+
+def _rotate(q, k, positions, rotary_dim, interleave, freqs) -> None:
+    """q, k rotated in place by a per-token cos/sin table (one row per token)."""
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"pos_ids: expected a torch.Tensor, got {type(positions).__name__}")
+    angles = positions.to(torch.float32).unsqueeze(-1) * freqs
+    table = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    rows = torch.arange(table.shape[0], device=table.device)
+    ops.apply_rope(q, k, table, rows, is_neox=not interleave)
 
 
 def _require_float32(cos_sin_cache) -> None:

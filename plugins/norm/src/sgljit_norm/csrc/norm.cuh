@@ -207,7 +207,8 @@ SGLJIT_DEVICE T norm_out(float x, float inv_rms, float wf) {
 // ------------------------------------------------------------------------------------------------
 // Fast path
 // ------------------------------------------------------------------------------------------------
-template <typename T, typename W, int kH, int kTarget, int kBlock, bool kGemma, bool kFused, bool kRound>
+template <typename T, typename W, int kH, int kTarget, int kBlock, bool kGemma, bool kFused, bool kRound,
+          bool kFloatSum = false>
 SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step, float eps, float* red) {
   using Cfg = RowConfig<T, kH, kTarget, W>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
@@ -221,7 +222,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
   constexpr int kRedSlots = kBlock / 32;
   using V = AlignedVector<T, kVec>;
   using WV = AlignedVector<W, kVec>;  // the weight of a vector of the row (32 bytes for float32 of 16-bit T)
-  constexpr bool kSum = kFused && kRound;  // the float32 sums are normalized: kept beside the row
+  constexpr bool kSum = kFused && (kRound || kFloatSum);  // the float32 sums are normalized: kept beside the row
 
   const int sub = threadIdx.x / kTPR, lane = threadIdx.x % kTPR;
   const int64_t groups = div_ceil<int64_t>(s.rows, kRowsPerBlock);
@@ -352,7 +353,7 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
 
 // kThreadsPerSM: the resident threads per SM the register budget is sized for.
 template <typename T, typename W, int kBlock, bool kGemma, bool kFused, bool kRound, int kHA, int kHB, int kTarget,
-          int kThreadsPerSM>
+          int kThreadsPerSM, bool kFloatSum = false>
 __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
     norm_kernel(const RowSet<T, W> a, const RowSet<T, W> b, const int grid_a, const float eps,
                 const int prefetch_blocks) {
@@ -367,10 +368,10 @@ __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound>(a, blockIdx.x, grid_a, eps, red);
+    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound, kFloatSum>(a, blockIdx.x, grid_a, eps, red);
   } else {
     if constexpr (kHB > 0) {
-      norm_rows<T, W, kHB, kTarget, kBlock, kGemma, kFused, kRound>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps,
+      norm_rows<T, W, kHB, kTarget, kBlock, kGemma, kFused, kRound, kFloatSum>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps,
                                                                    red);
     }
   }
@@ -379,12 +380,12 @@ __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
 // ------------------------------------------------------------------------------------------------
 // Generic path: any width, any alignment
 // ------------------------------------------------------------------------------------------------
-template <typename T, typename W, bool kGemma, bool kFused, bool kRound>
+template <typename T, typename W, bool kGemma, bool kFused, bool kRound, bool kFloatSum = false>
 SGLJIT_DEVICE void norm_rows_generic(const RowSet<T, W>& s, int64_t h, int64_t first, int64_t step, float eps,
                                      float* red) {
-  // kFused && kRound normalize the float32 sums: the residual is written in the second pass, which adds
-  // again (each element is read and written by one thread).
-  constexpr bool kSum = kFused && kRound;
+  // kFused && (kRound || kFloatSum) normalize the float32 sums: the residual is written in the second
+  // pass, which adds again (each element is read and written by one thread).
+  constexpr bool kSum = kFused && (kRound || kFloatSum);
   for (int64_t row = first; row < s.rows; row += step) {
     const RowOffsets off = row_offsets(s, row);
     float ss = 0.0f;
@@ -421,7 +422,7 @@ SGLJIT_DEVICE void norm_rows_generic(const RowSet<T, W>& s, int64_t h, int64_t f
   }
 }
 
-template <typename T, typename W, bool kGemma, bool kFused, bool kRound>
+template <typename T, typename W, bool kGemma, bool kFused, bool kRound, bool kFloatSum = false>
 __global__ void __launch_bounds__(kGenericThreads)
     norm_generic_kernel(const RowSet<T, W> a, const int64_t ha, const RowSet<T, W> b, const int64_t hb,
                         const int grid_a, const float eps) {
@@ -429,9 +430,9 @@ __global__ void __launch_bounds__(kGenericThreads)
   sgljit::pdl_wait();
   sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows_generic<T, W, kGemma, kFused, kRound>(a, ha, blockIdx.x, grid_a, eps, red);
+    norm_rows_generic<T, W, kGemma, kFused, kRound, kFloatSum>(a, ha, blockIdx.x, grid_a, eps, red);
   } else {
-    norm_rows_generic<T, W, kGemma, kFused, kRound>(b, hb, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
+    norm_rows_generic<T, W, kGemma, kFused, kRound, kFloatSum>(b, hb, blockIdx.x - grid_a, gridDim.x - grid_a, eps, red);
   }
 }
 
@@ -465,11 +466,11 @@ inline void split_grid(int64_t ga, int64_t gb, int64_t cap, int* grid_a, int* gr
 
 // The fast kernel over sets a and b (row groups of kTarget vectors per thread).
 template <typename T, typename W, int kHA, int kHB, bool kGemma, bool kFused, bool kRound, int kTarget,
-          int kThreadsPerSM>
+          int kThreadsPerSM, bool kFloatSum = false>
 void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float eps, DLDevice device,
                  const char* name) {
   constexpr int kBlock = kBlockThreads<T, kHA, kHB, kTarget>;
-  constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM>;
+  constexpr auto kernel = norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM, kFloatSum>;
   const int64_t ga = div_ceil<int64_t>(a.rows, RowConfig<T, kHA, kTarget>::rows_per_block(kBlock));
   int64_t gb = 0;
   if constexpr (kHB > 0) {
@@ -486,7 +487,8 @@ void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float
 
 // Launches the norm over set a (width ha) and, if has_b, set b (width hb). kHA/kHB: the compiled widths
 // (0: generic only). Falls back to the generic kernel when a row is not 16-byte aligned.
-template <typename T, typename W, int kHA, int kHB, bool kGemma, bool kFused, bool kRound>
+// kFloatSum (fused only): the float32 sums are normalized, as with kRound, without its rounding.
+template <typename T, typename W, int kHA, int kHB, bool kGemma, bool kFused, bool kRound, bool kFloatSum = false>
 void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64_t hb, bool has_b, float eps,
                  DLDevice device, const char* name) {
   const bool fast = kHA > 0 && (!has_b || kHB > 0) && fast_layout(a, kFused) && (!has_b || fast_layout(b, kFused));
@@ -503,7 +505,7 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
       using Many = RowConfig<T, kHA, kVecTarget<kFused, true>, W>;
       if constexpr (kHB == 0 && kManyWidth && Many::kWeightInRegs) {
         if (a.rows >= NormConfig::kManyRows) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM>(
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused, true>, kManyThreadsPerSM, kFloatSum>(
               a, b, has_b, eps, device, name);
           return;
         }
@@ -513,7 +515,8 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
       if constexpr (!kFused && kHB == 0 && kNumVec > 32 * NormConfig::kVecsPerThread &&
                     kNumVec <= 1024 * NormConfig::kFewVecs && pow2_ceil(kNumVec) == kNumVec) {
         if (a.rows < NormConfig::kFewRows) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM>(
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM,
+                      kFloatSum>(
               a, b, has_b, eps, device, name);
           return;
         }
@@ -555,16 +558,17 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
         const bool to_prefetch = rows <= kRowsPerBlock * NormConfig::kPrefetchBlocksPerSM * sms &&
                                  rows > kUnpackedRowsPerBlock * NormConfig::kPrefetchBlocksPerSM * sms;
         if (!to_prefetch && rows < kRowsPerBlock * NormConfig::kPackMinBlocksPerSM * sms) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, 1, kThreadsPerSM>(a, b, has_b, eps, device, name);
+          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, 1, kThreadsPerSM, kFloatSum>(a, b, has_b, eps, device,
+                                                                                      name);
           return;
         }
       }
-      launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused>, kThreadsPerSM>(a, b, has_b, eps, device,
-                                                                                             name);
+      launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kVecTarget<kFused>, kThreadsPerSM, kFloatSum>(
+          a, b, has_b, eps, device, name);
       return;
     }
   }
-  constexpr auto kernel = norm_generic_kernel<T, W, kGemma, kFused, kRound>;
+  constexpr auto kernel = norm_generic_kernel<T, W, kGemma, kFused, kRound, kFloatSum>;
   const int64_t resident = int64_t{sgljit::num_sms(device.device_id)} *
                            sgljit::resident_blocks<kernel>(device.device_id, kGenericThreads);
   int grid_a = 0, grid = 0;
@@ -637,11 +641,12 @@ struct RMSNorm {
 };
 
 // residual <- input + residual (rounded to T); input <- rmsnorm(residual) * weight (in place). input,
-// residual: [T, H] or [B, S, H]; round_before_weight as for RMSNorm.
-template <typename T, typename W, int kH, bool kGemma, bool kRound>
+// residual: [T, H] or [B, S, H]; round_before_weight as for RMSNorm. kFloatSum (the op's float_sum,
+// FlashInfer's): the float32 sum input + residual is normalized (the residual still stores it rounded).
+template <typename T, typename W, int kH, bool kGemma, bool kRound, bool kFloatSum = false>
 struct FusedAddRMSNorm {
   static void run(tvm::ffi::TensorView input, tvm::ffi::TensorView residual, tvm::ffi::TensorView weight,
-                  double eps, bool /*round_before_weight*/ = kRound) {
+                  double eps, bool /*float_sum*/ = kFloatSum, bool /*round_before_weight*/ = kRound) {
     if constexpr (kGemma && kRound) {
       sgljit::RuntimeCheck(false, "gemma_fused_add_rmsnorm has no round_before_weight form");
     } else {
@@ -649,7 +654,7 @@ struct FusedAddRMSNorm {
       check_width(kH, h, "input");
       const RowSet<T, W> a = row_set<T, W>(input, input, &residual, weight);
       if (a.rows == 0) return;
-      launch_norm<T, W, kH, 0, kGemma, true, kRound>(a, h, a, 0, false, static_cast<float>(eps), input.device(),
+      launch_norm<T, W, kH, 0, kGemma, true, kRound, kFloatSum>(a, h, a, 0, false, static_cast<float>(eps), input.device(),
                                                      kGemma ? "gemma_fused_add_rmsnorm" : "fused_add_rmsnorm");
     }
   }

@@ -5,17 +5,22 @@
 //
 // Specialized with -D macros: those of norm_row.hpp, and NORM_ROUND (x * rsqrt(...) rounded to SGLJIT_T
 // before the weight multiply, as Hugging Face's LlamaRMSNorm; the fused add then normalizes the float32
-// sum, as sglang's cast_x_before_out_mul). The host launches rows * NORM_WG work-items in work-groups of
+// sum, as sglang's cast_x_before_out_mul), NORM_SUM (the fused add normalizes the float32 sum without
+// rounding before the weight, as FlashInfer's kernels). The host launches rows * NORM_WG work-items in work-groups of
 // NORM_WG; row r of a set is at (r / inner) * s0 + (r % inner) * s1 elements.
 #include "norm_row.hpp"
 
 #ifndef NORM_ROUND
 #define NORM_ROUND false
 #endif
+#ifndef NORM_SUM
+#define NORM_SUM false
+#endif
 
 namespace sgljit_norm {
 
 constexpr bool kRound = NORM_ROUND;
+constexpr bool kFloatSum = NORM_SUM;
 
 inline int64_t row_offset(int64_t row, int64_t inner, int64_t s0, int64_t s1) {
   const int64_t o = row / inner;
@@ -26,7 +31,7 @@ inline int64_t row_offset(int64_t row, int64_t inner, int64_t s0, int64_t s1) {
 // applies (the q/k norms never round).
 template <bool kFused, bool kRounds = kRound>
 inline void norm_row(const T* in, T* out, T* res, const W* w, float w_offset, float eps) {
-  constexpr bool kSum = kFused && kRounds;  // the float32 sums are normalized: kept beside the row
+  constexpr bool kSum = kFused && (kRounds || kFloatSum);  // the float32 sums are normalized: kept beside the row
   const int lid = static_cast<int>(syclext::this_work_item::get_nd_item<1>().get_local_id(0));
   V x[kSlots];
   float sums[kSum ? kSlots : 1][kSum ? kVec : 1];

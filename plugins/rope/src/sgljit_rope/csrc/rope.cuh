@@ -191,8 +191,10 @@ struct HeadVec {
   }
 };
 
-// Rotates the lane's VEC pairs held in (a, b) by cos c[] / sin s[] (fp32 math).
-template <typename T, bool NEOX, int VEC>
+// Rotates the lane's VEC pairs held in (a, b) by cos c[] / sin s[] (fp32 math, rounded once).
+// kRoundProducts (vLLM's rotary_embedding, whose kernel computes in T): cos and sin rounded to T, each
+// product rounded to T, then the sum or difference.
+template <typename T, bool NEOX, int VEC, bool kRoundProducts = false>
 SGLJIT_DEVICE void rotate(HeadVec<T, VEC>& a, HeadVec<T, VEC>& b, const float* c, const float* s) {
   float x[2 * VEC];
   a.to_floats(x);
@@ -203,8 +205,14 @@ SGLJIT_DEVICE void rotate(HeadVec<T, VEC>& a, HeadVec<T, VEC>& b, const float* c
     // neox: pair p is (a[p], b[p]); gptj: pair p is elements (2p, 2p + 1) of a ++ b.
     const int i1 = NEOX ? p : 2 * p;
     const int i2 = NEOX ? VEC + p : 2 * p + 1;
-    y[i1] = x[i1] * c[p] - x[i2] * s[p];
-    y[i2] = x[i2] * c[p] + x[i1] * s[p];
+    if constexpr (kRoundProducts) {
+      const float cp = round_to<T>(c[p]), sp = round_to<T>(s[p]);
+      y[i1] = round_to<T>(x[i1] * cp) - round_to<T>(x[i2] * sp);
+      y[i2] = round_to<T>(x[i2] * cp) + round_to<T>(x[i1] * sp);
+    } else {
+      y[i1] = x[i1] * c[p] - x[i2] * s[p];
+      y[i2] = x[i2] * c[p] + x[i1] * s[p];
+    }
   }
   a.from_floats(y);
   b.from_floats(y + VEC);
@@ -310,9 +318,9 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
 }
 
 // ------------------------------------------------------------------------------------------------
-// apply_rope: q and k rotated in place.
+// apply_rope: q and k rotated in place (kRoundProducts: rotate()'s).
 template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores,
-          int kMinBlocks>
+          int kMinBlocks, bool kRoundProducts = false>
 __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     rope_kernel(T* __restrict__ q, T* __restrict__ k, const CacheT* __restrict__ cos_sin,
                 const IdxT* __restrict__ positions, const RopeParams p) {
@@ -372,7 +380,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
 #pragma unroll
     for (int h = 0; h < G::kHeads; ++h) {
       if (h < nheads) {
-        rotate<T, NEOX, VEC>(a[h], b[h], c, s);
+        rotate<T, NEOX, VEC, kRoundProducts>(a[h], b[h], c, s);
         a[h].template store_out<kStreamStores>(base + h * hs + off1);
         b[h].template store_out<kStreamStores>(base + h * hs + off2);
       }
@@ -750,14 +758,16 @@ inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads,
 }
 
 // apply_rope's entry point: the module's checks, then kVec-element vectors where they fit.
-template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX>
+// kRoundProducts: the op's round_products (rotate()).
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, bool kRoundProducts = false>
 struct RopeKernel {
   static constexpr int kVec = widest_vec<T, ROT / 2>();
 
-  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox);
+  static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox,
+                  bool round_products);
 };
 
-template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC>
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC, bool kRoundProducts>
 struct RopeLaunch {
   using G = Geometry<ROT, VEC>;
   using C = RopeConfig<ROT, VEC>;
@@ -785,8 +795,8 @@ struct RopeLaunch {
     const int64_t l2 = l2_bytes(device.device_id);
     const bool stream = rotated_bytes <= l2;
     // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
-    constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks>;
-    constexpr auto tight = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave>;
+    constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks, kRoundProducts>;
+    constexpr auto tight = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave, kRoundProducts>;
     const int64_t blocks = div_ceil<int64_t>(n * p.chunks, C::kGroups);
     const int64_t sms = num_sms(device.device_id);
     const bool one_wave = C::kMinBlocksOneWave != C::kMinBlocks &&
@@ -794,8 +804,8 @@ struct RopeLaunch {
                           blocks <= sms * resident_blocks<tight>(device.device_id, C::kBlock);
     auto go = [&](auto stream_c, auto one_wave_c) {
       constexpr int kMin = decltype(one_wave_c)::value ? C::kMinBlocksOneWave : C::kMinBlocks;
-      launch<rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin>>(q, k, cos_sin_cache,
-                                                                                         positions, p, device);
+      launch<rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin, kRoundProducts>>(
+          q, k, cos_sin_cache, positions, p, device);
     };
     using Yes = std::true_type;
     using No = std::false_type;
@@ -817,18 +827,21 @@ struct RopeLaunch {
   }
 };
 
-template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX>
-void RopeKernel<T, CacheT, IdxT, ROT, NEOX>::run(TensorView q, TensorView k, TensorView cos_sin_cache,
-                                                  TensorView positions, bool is_neox) {
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, bool kRoundProducts>
+void RopeKernel<T, CacheT, IdxT, ROT, NEOX, kRoundProducts>::run(TensorView q, TensorView k, TensorView cos_sin_cache,
+                                                                 TensorView positions, bool is_neox,
+                                                                 bool round_products) {
   check_module_dtype<T>(q, "q");
   check_module_dtype<CacheT>(cos_sin_cache, "cos_sin_cache");
   check_module_dtype<IdxT>(positions, "positions");
   check_style(is_neox, NEOX);
+  RuntimeCheck(round_products == kRoundProducts, "round_products: this module was compiled for round_products=",
+               kRoundProducts ? "True" : "False");
   check_rotary(cos_sin_cache, ROT, q.size(2));
   if (vectors_fit<T, CacheT>(kVec, {&q, &k}, cos_sin_cache)) {
-    RopeLaunch<T, CacheT, IdxT, ROT, NEOX, kVec>::run(q, k, cos_sin_cache, positions);
+    RopeLaunch<T, CacheT, IdxT, ROT, NEOX, kVec, kRoundProducts>::run(q, k, cos_sin_cache, positions);
   } else {
-    RopeLaunch<T, CacheT, IdxT, ROT, NEOX, 1>::run(q, k, cos_sin_cache, positions);
+    RopeLaunch<T, CacheT, IdxT, ROT, NEOX, 1, kRoundProducts>::run(q, k, cos_sin_cache, positions);
   }
 }
 

@@ -7,7 +7,8 @@
 //
 // Specialized with -D macros: SGLJIT_T (element type), ROPE_CACHE_T (cos/sin: fp32_t or SGLJIT_T),
 // ROPE_IDX_T / ROPE_LOC_T (index types), ROPE_HEAD_DIM, ROPE_ROT, ROPE_NEOX (0/1), ROPE_VEC
-// (elements per vector access).
+// (elements per vector access), ROPE_ROUND_PRODUCTS (0/1: apply_rope's round_products, vLLM's
+// rounding: cos, sin and each product rounded to SGLJIT_T before the sum or difference).
 #pragma once
 
 #include <sgljit/sycl/kernel.hpp>
@@ -24,6 +25,9 @@
 #ifndef ROPE_HEAD_DIM
 #define ROPE_HEAD_DIM ROPE_ROT
 #endif
+#ifndef ROPE_ROUND_PRODUCTS
+#define ROPE_ROUND_PRODUCTS 0
+#endif
 
 namespace sgljit_rope {
 
@@ -35,6 +39,7 @@ constexpr int kHeadDim = ROPE_HEAD_DIM;
 constexpr int kRot = ROPE_ROT;
 constexpr bool kNeox = ROPE_NEOX != 0;
 constexpr int kVec = ROPE_VEC;
+constexpr bool kRoundProducts = ROPE_ROUND_PRODUCTS != 0;
 constexpr int kHalf = kRot / 2;
 constexpr int kLanes = kHalf / kVec;
 constexpr int kHeads = 4;
@@ -53,6 +58,9 @@ inline void load_cos_sin(const CacheT* row, int lane, float* c, float* s) {
   }
 }
 
+// x rounded to T, read back as fp32.
+inline float round_to_t(float x) { return sgljit::to_float(sgljit::from_float<T>(x)); }
+
 inline void rotate(Vec& a, Vec& b, const float* c, const float* s) {
   float x[2 * kVec];
   for (int i = 0; i < kVec; ++i) {
@@ -63,8 +71,14 @@ inline void rotate(Vec& a, Vec& b, const float* c, const float* s) {
   for (int p = 0; p < kVec; ++p) {
     const int i1 = kNeox ? p : 2 * p;
     const int i2 = kNeox ? kVec + p : 2 * p + 1;
-    y[i1] = x[i1] * c[p] - x[i2] * s[p];
-    y[i2] = x[i2] * c[p] + x[i1] * s[p];
+    if constexpr (kRoundProducts) {
+      const float cp = round_to_t(c[p]), sp = round_to_t(s[p]);
+      y[i1] = round_to_t(x[i1] * cp) - round_to_t(x[i2] * sp);
+      y[i2] = round_to_t(x[i2] * cp) + round_to_t(x[i1] * sp);
+    } else {
+      y[i1] = x[i1] * c[p] - x[i2] * s[p];
+      y[i2] = x[i2] * c[p] + x[i1] * s[p];
+    }
   }
   for (int i = 0; i < kVec; ++i) {
     a[i] = sgljit::from_float<T>(y[i]);
