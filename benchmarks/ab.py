@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 for cell in json.loads(path.read_text()):
                     row = best.setdefault((cell["op"], cell["case"]), {})
                     us = cell["us"]
+                    # each cell as it comes: a run stopped by a time limit keeps what it timed
+                    print(f"ab: {name} | {cell['op']} | {cell['case']} | {us}", flush=True)
                     old = row.get(name)
                     row[name] = us if old is None or (us is not None and us < old) else old
                 print(f"ab: round {rnd + 1} {name} done", flush=True)
