@@ -41,16 +41,17 @@ def norm_op(family: str) -> str:
 
 def build(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """The family's tiny model, seeded; norm weights random too (HF starts them at 1 / 0, which
-    would hide a kernel that ignored its weight)."""
+    would hide a kernel that ignored its weight). Every weight is drawn on the CPU, so a model built
+    on a GPU and one loaded from a CPU build's checkpoint are the same model."""
     config_cls, model_cls, extra = MODELS[family]
     torch.manual_seed(0)
     config = getattr(transformers, config_cls)(**COMMON, **extra)
-    model = getattr(transformers, model_cls)(config).to(device=device, dtype=dtype).eval()
+    model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(0.0 if family.startswith("gemma") else 1.0, 0.2)
-    return model
+    return model.to(device=device, dtype=dtype)
 
 
 def prompt(device: str) -> tuple[torch.Tensor, torch.Tensor]:
