@@ -521,30 +521,6 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
           return;
         }
       }
-#ifndef NORM_AB_DECODE
-#define NORM_AB_DECODE 0  // A/B: 1 = rows of other widths at 2 vectors a thread while the grid is one wave
-#endif
-#ifndef NORM_AB_DECODE_TPSM
-#define NORM_AB_DECODE_TPSM 1024  // A/B: its register budget in threads per SM (1024: 64 registers)
-#endif
-#ifndef NORM_AB_DECODE_FUSED
-#define NORM_AB_DECODE_FUSED 0  // A/B: the fused add too, at 1 vector of each row a thread
-#endif
-      if constexpr (kHB == 0 && (kFused ? NORM_AB_DECODE_FUSED : NORM_AB_DECODE) &&
-                    kNumVec > 32 * NormConfig::kVecsPerThread && pow2_ceil(kNumVec) != kNumVec &&
-                    kNumVec <= 1024 * (kFused ? 1 : NormConfig::kFewVecs)) {
-        constexpr int kDecTarget = kFused ? 1 : NormConfig::kFewVecs;
-        constexpr int kDecBlock = kBlockThreads<T, kHA, 0, kDecTarget>;
-        constexpr auto kDecKernel =
-            norm_kernel<T, W, kDecBlock, kGemma, kFused, kRound, kHA, 0, kDecTarget, NORM_AB_DECODE_TPSM>;
-        const int64_t one_wave = int64_t{sgljit::num_sms(device.device_id)} *
-                                 sgljit::resident_blocks<kDecKernel>(device.device_id, kDecBlock);
-        if (a.rows <= one_wave) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kDecTarget, NORM_AB_DECODE_TPSM>(a, b, has_b, eps,
-                                                                                            device, name);
-          return;
-        }
-      }
       // Packed rows (RowConfig::kPacked) where their grid has NormConfig::kPackMinBlocksPerSM+ blocks per SM
       // or where packing makes it a prefetching grid; other grids keep one vector of a row a thread
       // (target 1), more threads in flight.
