@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .cache import TOOLCHAIN, BuildSpec, get_or_build, read_depfile
+from .cache import TOOLCHAIN, BuildSpec, get_or_build
 from .errors import CompileError
 from .jit_utils import module_name
 from .toolchain import (
@@ -21,6 +21,7 @@ from .toolchain import (
     compiler_identity,
     cuda_arch_list,
     cuda_home,
+    dependency_scan,
     find_ninja,
     find_nvcc,
     flag_files,
@@ -197,7 +198,7 @@ def load_jit(
             else:
                 command = [cxx, *TVM_FFI_CFLAGS, *cflags]
             command += [*include_flags, *tvm_includes, "-M", "-MF", "scan.d", source]
-            listed += _dependency_scan(command, folder)
+            listed += dependency_scan(command, folder)
         return outside(listed, toolchain_dirs(), own)
 
     def build(folder: Path) -> list[str]:
@@ -227,19 +228,6 @@ def load_jit(
         include_path=tuple(dict.fromkeys(own)),
     )
     return get_or_build(spec)
-
-
-def _dependency_scan(command: list[str], folder: Path) -> list[str]:
-    """The files a preprocessor's ``-M -MF scan.d`` lists, run in ``folder``; none when it fails
-    (the compile then reports the error, or reads files no scan listed, and is built again)."""
-    depfile = folder / "scan.d"
-    try:
-        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-        return read_depfile(depfile.read_text()) if result.returncode == 0 else []
-    except OSError:
-        return []
-    finally:
-        depfile.unlink(missing_ok=True)
 
 
 def ninja_deps(folder: Path) -> list[str]:

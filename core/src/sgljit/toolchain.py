@@ -26,6 +26,7 @@ __all__ = [
     "compiler_identity",
     "cuda_arch_list",
     "cuda_home",
+    "dependency_scan",
     "find_ninja",
     "find_nvcc",
     "flag_files",
@@ -282,6 +283,22 @@ def flag_files(flags: Iterable[str]) -> list[str]:
                 found += hits
                 break
     return list(dict.fromkeys(os.path.abspath(f) for f in found))
+
+
+def dependency_scan(command: list[str], folder: Path) -> list[str]:
+    """The files a preprocessor run as ``command`` (ending in ``-M -MF scan.d``) in ``folder``
+    lists, or none when it fails: the compile then reports the error, or reads files no scan
+    listed and is built again (see :class:`sgljit.cache.BuildSpec`)."""
+    from .cache import read_depfile
+
+    depfile = folder / "scan.d"
+    try:
+        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+        return read_depfile(depfile.read_text()) if result.returncode == 0 else []
+    except OSError:
+        return []
+    finally:
+        depfile.unlink(missing_ok=True)
 
 
 def host_cxx() -> str:
