@@ -199,7 +199,9 @@ def test_a_header_that_changes_during_every_build_is_used_but_never_cached(tmp_p
     nothing is published."""
     monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(
-        cache, "_unvouched", lambda before, after, name: f"/a/header.h changed while {name} compiled"
+        cache,
+        "_unvouched",
+        lambda before, after, name: f"/a/header.h changed while {name} compiled",
     )
     src = tmp_path / "src"
     shutil.copytree(KERNELS, src)

@@ -24,7 +24,7 @@ import sgljit
 from sgljit import cache
 
 from ..conftest import run_python
-from .test_cache import read_only
+from .test_cache import _wait_for, read_only
 from .test_fleet import import_archive
 from .test_load_jit import KERNELS, LOAD_IN_SUBPROCESS, load_add_one, published
 
@@ -473,16 +473,6 @@ def pretend_foreign(owner: Path) -> None:
     owner.write_text(json.dumps(record))
 
 
-def wait_for(path_glob: str, root: Path, timeout: float = 120) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = list(root.glob(path_glob))
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{path_glob} never appeared under {root}")
-
-
 @pytest.mark.slow
 def test_8_another_namespace_does_not_remove_a_live_build(cache_dir, tmp_path):
     """Two containers share a cache and a host name but not a PID namespace: B must not take A's
@@ -502,7 +492,7 @@ def test_8_another_namespace_does_not_remove_a_live_build(cache_dir, tmp_path):
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        wait_for("started", tmp_path)
+        _wait_for("started", tmp_path)
         [owner] = cache_dir.glob(f"cpu/host/.staging/*/{cache.OWNER}")
         pretend_foreign(owner)
         b = run_python(

@@ -123,7 +123,8 @@ class BuildSpec:
         scan: lists, without building, the files ``build`` will read (a preprocessor's ``-M``
             with the same options), given the folder ``files`` were written to; they are hashed
             before the build. A file the build reads that it did not list makes the build
-            unpublishable, and another follows that hashes it first.
+            unpublishable, and another follows that hashes it first (without a scan, every first
+            build is built twice).
         inputs: files the build reads that its flags name (response files, libraries): hashed
             before and after, and recorded like headers.
         include_path: the header folders the build names itself (not the compiler's system
