@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import sgljit
-from sgljit import cache
+from sgljit import cache, publish
 
 from ..conftest import run_python
 from .test_fleet import import_archive, write_archive
@@ -199,7 +199,7 @@ def test_a_header_that_changes_during_every_build_is_used_but_never_cached(tmp_p
     nothing is published."""
     monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(
-        cache,
+        publish,
         "_unvouched",
         lambda before, after, name: f"/a/header.h changed while {name} compiled",
     )

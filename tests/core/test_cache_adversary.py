@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import sgljit
-from sgljit import cache
+from sgljit import cache, publish
 
 from ..conftest import run_python
 from .test_cache import _wait_for, read_only
@@ -318,7 +318,7 @@ def test_6_special_files_in_the_cache_never_hang(prebuilt, cache_dir, place, kin
     target = {
         "toolchains.json": cache_dir / "toolchains.json",
         "lock owner file": group.parent / ".locks" / HOST / f"{group.name}.lock.owner",
-        "staging owner file": group.parent / ".staging" / "another-build" / cache.OWNER,
+        "staging owner file": group.parent / ".staging" / "another-build" / publish.OWNER,
         "artifact": variant / "add_one_fp32_t.so",
         "manifest": variant / cache.MANIFEST,
     }[place]
@@ -493,7 +493,7 @@ def test_8_another_namespace_does_not_remove_a_live_build(cache_dir, tmp_path):
     )  # fmt: skip
     try:
         _wait_for("started", tmp_path)
-        [owner] = cache_dir.glob(f"cpu/host/.staging/*/{cache.OWNER}")
+        [owner] = cache_dir.glob(f"cpu/host/.staging/*/{publish.OWNER}")
         pretend_foreign(owner)
         b = run_python(
             "import torch, sgljit\n"

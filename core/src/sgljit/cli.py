@@ -115,7 +115,8 @@ def _sycl_rows() -> list[tuple[str, str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import _read_entry, cache_root, clear_stale, published_entries
+    from .cache import _read_entry, cache_root, published_entries
+    from .publish import clear_stale
 
     root = cache_root()
     if args.action == "path":
