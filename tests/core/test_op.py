@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 
@@ -212,11 +213,17 @@ def test_bad_inputs_are_generated_from_the_spec():
     found = {what: name for what, _, name in bad_inputs(scaled_copy, torch.device("cpu"), "sycl")}
     assert found == {
         "input not a tensor": "input",
+        "input a numpy array": "input",
+        "input a 0-d tensor": "input",
+        "input a 1-D empty tensor": "input",
         "input with an extra dimension": "input",
         "input of dtype torch.float64": "input",
         "input with a strided last dimension": "input",
         "input requiring grad": "input",
         "out not a tensor": "out",
+        "out a numpy array": "out",
+        "out a 0-d tensor": "out",
+        "out a 1-D empty tensor": "out",
         "out with an extra dimension": "out",
         "out of dtype torch.float16": "out",
         "out disagreeing on rows": "out",
@@ -490,3 +497,55 @@ def test_the_empty_batch_empties_the_written_tokens_not_a_table():
     )
     table, idx, out = _empty_batch(gather, torch.device("cpu"))
     assert table.shape == (5, 3) and idx.shape == (0,) and out.shape == (0, 3)
+
+
+# Calls of installed plugins' public functions whose own handling ran before the op's checks (a
+# numpy array's shape and dtype, torch's reshape of a 1-D empty tensor, the last size of a 0-d
+# one): each names the argument, on every backend. The conformance suite makes such inputs for
+# every op's public function; these are the ones found first.
+BAD_PUBLIC_CALLS = {
+    "timestep_embedding(numpy array)": (
+        lambda: sgljit.ops.timestep_embedding(np.zeros(3, dtype=np.float32), 32),
+        "t",
+    ),
+    "rmsnorm(1-D empty)": (lambda: sgljit.ops.rmsnorm(torch.empty(0), torch.empty(0)), "input"),
+    "gemma_rmsnorm(1-D empty)": (
+        lambda: sgljit.ops.gemma_rmsnorm(torch.empty(0), torch.empty(0)),
+        "input",
+    ),
+    "rmsnorm_quant_fp8(1-D empty)": (
+        lambda: sgljit.ops.rmsnorm_quant_fp8(torch.empty(0), torch.empty(0)),
+        "input",
+    ),
+    "fused_add_rmsnorm_quant_fp8(1-D empty)": (
+        lambda: sgljit.ops.fused_add_rmsnorm_quant_fp8(
+            torch.empty(0), torch.empty(0), torch.empty(0)
+        ),
+        "input",
+    ),
+    "qknorm(0-d q)": (
+        lambda: sgljit.ops.qknorm(
+            torch.tensor(1.0), torch.zeros(2, 1, 64), torch.ones(64), torch.ones(64)
+        ),
+        "q",
+    ),
+    "apply_rope(0-d cos_sin_cache, rotary_dim)": (
+        lambda: sgljit.ops.apply_rope(
+            torch.zeros(2, 1, 64),
+            None,
+            torch.tensor(1.0),
+            torch.zeros(2, dtype=torch.int64),
+            rotary_dim=64,
+        ),
+        "cos_sin_cache",
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("sycl", marks=pytest.mark.sycl)])
+@pytest.mark.parametrize("call", list(BAD_PUBLIC_CALLS))
+def test_public_functions_name_the_argument_they_cannot_use(backend, call):
+    fn, name = BAD_PUBLIC_CALLS[call]
+    with sgljit.use_backend(backend), pytest.raises((TypeError, ValueError, RuntimeError)) as info:
+        fn()
+    assert str(info.value).startswith(f"{name}:"), f"{type(info.value).__name__}: {info.value}"

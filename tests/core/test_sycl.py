@@ -4,6 +4,7 @@ Runs wherever the runtime wheels are installed (``nox -s tests-xpu``); on a host
 the numerics tests also run on ``xpu``. Only the icpx plan tests run without the runtime.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -284,6 +285,78 @@ def test_header_edit_rebuilds_the_kernel(tmp_path, reach):
     # one key, two builds: the header is a recorded dependency
     variants = list(Path(os.environ["SGLJIT_CACHE_DIR"]).glob(f"sycl/opencl-*/{name}-*/*/"))
     assert len({v.parent for v in variants}) == 1 and len(variants) == 2
+
+
+# Macros the runtime compiler's device compile defines and the host preprocessor does not.
+DEVICE_MACROS = (
+    "__SYCL_DEVICE_ONLY__",
+    "__INTEL_LLVM_COMPILER",
+    "SYCL_LANGUAGE_VERSION",
+    "__clang__",
+)
+
+
+def recorded(name: str) -> list[str]:
+    """The dependencies recorded by the published builds of runtime-compiled module ``name``."""
+    cache = Path(os.environ["SGLJIT_CACHE_DIR"])
+    manifests = cache.glob(f"sycl/opencl-*/{name}-*/*/{sgljit.cache.MANIFEST}")
+    return [path for m in manifests for path, _ in json.loads(m.read_text())["deps"]]
+
+
+def run_scale(name: str, src: Path, include_dirs=()) -> torch.Tensor:
+    """scale(ones, factor 1) of module ``name`` built from ``src`` (float), in a fresh lookup."""
+    sgljit.clear_module_cache()
+    mod = sgljit.load_jit_sycl(
+        name, sycl_files=[src], include_dirs=include_dirs,
+        extra_sycl_cflags=["-DSGLJIT_T=float"], route="rtc",
+    )  # fmt: skip
+    x, out = torch.ones(16), torch.empty(16)
+    mod.get_function("scale", SCALE_ARGS)(16, 16, x, out, 1.0, 16)
+    return out
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_headers_the_device_compile_includes_under_its_own_macros_are_recorded(tmp_path):
+    """Headers included only under a macro the device compile defines (and a host preprocessor
+    scan does not) are recorded, from the device compile's own dependency output: editing one
+    rebuilds."""
+    inc = tmp_path / "inc"
+    guards = ""
+    for i, macro in enumerate(DEVICE_MACROS):
+        write(inc, f"device{i}.h", f"#define FACTOR{i} 1.0f\n")
+        guards += (
+            f'#if defined({macro})\n#include "device{i}.h"\n#else\n#define FACTOR{i} 0.0f\n#endif\n'
+        )
+    src = write(
+        tmp_path,
+        "k.hpp",
+        SCALE.replace(
+            "#include <sgljit/sycl/kernel.hpp>", "#include <sgljit/sycl/kernel.hpp>\n" + guards
+        ).replace("* factor)", "* factor * (FACTOR0 + FACTOR1 + FACTOR2 + FACTOR3))"),
+    )
+    assert run_scale("device_macros", src, [inc]).eq(4).all()
+    deps = recorded("device_macros")
+    assert all(f"{{include0}}/device{i}.h" in deps for i in range(4)), deps
+    write(inc, "device3.h", "#define FACTOR3 2.0f\n")
+    assert run_scale("device_macros", src, [inc]).eq(5).all()
+
+
+@needs_runtime
+@pytest.mark.sycl
+def test_a_header_that_appears_where_has_include_found_nothing_rebuilds_the_kernel(tmp_path):
+    src = write(
+        tmp_path,
+        "k.hpp",
+        SCALE.replace(
+            "#include <sgljit/sycl/kernel.hpp>",
+            '#include <sgljit/sycl/kernel.hpp>\n#if __has_include("extra.h")\n#include "extra.h"\n'
+            "#else\n#define EXTRA 1.0f\n#endif",
+        ).replace("* factor)", "* factor * EXTRA)"),
+    )
+    assert run_scale("has_include", src).eq(1).all()
+    write(tmp_path, "extra.h", "#define EXTRA 3.0f\n")
+    assert run_scale("has_include", src).eq(3).all()
 
 
 @needs_runtime

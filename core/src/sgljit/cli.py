@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -116,7 +115,8 @@ def _sycl_rows() -> list[tuple[str, str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import MANIFEST, cache_root, clear_stale, published_entries
+    from .cache import _read_entry, cache_root, published_entries
+    from .publish import clear_stale
 
     root = cache_root()
     if args.action == "path":
@@ -127,16 +127,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(f"(empty) {root}")
         for entry in entries:
             try:
-                data = json.loads((entry / MANIFEST).read_text())
-                line = (
-                    f"{data['backend']:<6} {data['arch']:<10} {data['name']:<48} "
-                    f"{data['key']}/{entry.name}  {_human(_folder_size(entry)):>9}  "
-                    f"built {data.get('built_at', '?')}"
-                )
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-                # a load would not use it either: it rebuilds over such an entry
-                line = f"BROKEN {entry.relative_to(root)}: unreadable manifest ({err})"
-            print(line)
+                data, problem = _read_entry(entry)  # the validity rule's manifest half
+            except OSError as err:
+                data, problem = {}, f"unreadable manifest ({err})"
+            if problem:  # a load would not use it either: it rebuilds over such an entry
+                print(f"BROKEN {entry.relative_to(root)}: {problem}")
+                continue
+            print(
+                f"{data['backend']:<6} {data['arch']:<10} {data['name']:<48} "
+                f"{data['key']}/{entry.name}  {_human(_folder_size(entry)):>9}  "
+                f"built {data.get('built_at', '?')}"
+            )
     elif args.action == "clear" and args.stale:
         print(f"removed {clear_stale(root)} stale entries from {root}")
     elif args.action == "clear":

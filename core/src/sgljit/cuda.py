@@ -21,9 +21,12 @@ from .toolchain import (
     compiler_identity,
     cuda_arch_list,
     cuda_home,
+    dependency_scan,
     find_ninja,
     find_nvcc,
+    flag_files,
     host_cxx,
+    include_folders,
     outside,
     system_include_dirs,
 )
@@ -33,6 +36,9 @@ __all__ = ["include_dir", "load_jit"]
 DEFAULT_CFLAGS = ("-O3", "-std=c++17")
 # No fast-math: kernels are compared against float64 references and must not flush or reassociate.
 DEFAULT_CUDA_CFLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-lineinfo")
+# What tvm-ffi's build.ninja puts before the flags it is given (the dependency scan repeats them).
+TVM_FFI_CFLAGS = ("-std=c++17", "-fPIC", "-O2")
+TVM_FFI_CUDA_CFLAGS = ("-Xcompiler", "-fPIC", "-std=c++17", "-O2")
 
 # tvm-ffi reads the target architectures from the environment; builds in one process are serialized
 # so the variable is never seen half-set by a concurrent build.
@@ -158,7 +164,6 @@ def load_jit(
         "ldflags " + shlex.join(extra_ldflags),
         *("env " + e for e in compiler_environment()),
     ]
-    system_dirs = list(system_include_dirs(cxx))
     if cuda_files:
         arch = cuda_arch_list()
         nvcc = find_nvcc() or os.path.join(cuda_home(), "bin", "nvcc")
@@ -168,10 +173,33 @@ def load_jit(
             "arch " + " ".join(arch),
         ]
         backend, arch_dir = "cuda", "_".join(arch)
-        if compiler_identity(nvcc) != ABSENT:
-            system_dirs.append(cuda_home())
     else:
         arch, backend, arch_dir = (), "cpu", "host"
+        cuda_cflags = []
+    # Headers under the folders this build names are its own, also below a system folder; the
+    # files its flags name (response files, libraries) are inputs like its headers.
+    own = [*(str(roots[r]) for r in (*include_roles, "tvm_ffi", "dlpack"))]
+    own += include_folders([*cflags, *cuda_cflags])
+    tvm_includes = [f"-I{roots['tvm_ffi']}", f"-I{roots['dlpack']}"]
+
+    def toolchain_dirs() -> list[str]:
+        dirs = list(system_include_dirs(cxx))
+        if cuda_files and compiler_identity(nvcc) != ABSENT:
+            dirs.append(cuda_home())
+        return dirs
+
+    def scan(folder: Path) -> list[str]:
+        """What the compiles will read, from the preprocessors' -M with their flags."""
+        listed: list[str] = []
+        for source in sorted(files):
+            if source.endswith(".cu"):  # the nvcc tvm-ffi runs, with its flags before ours
+                nvcc_here = os.path.join(cuda_home(), "bin", "nvcc")
+                command = [nvcc_here, *TVM_FFI_CUDA_CFLAGS, *cuda_cflags]
+            else:
+                command = [cxx, *TVM_FFI_CFLAGS, *cflags]
+            command += [*include_flags, *tvm_includes, "-M", "-MF", "scan.d", source]
+            listed += dependency_scan(command, folder)
+        return outside(listed, toolchain_dirs(), own)
 
     def build(folder: Path) -> list[str]:
         _build_with_tvm_ffi(
@@ -183,7 +211,7 @@ def load_jit(
             [_ninja_arg(f) for f in extra_ldflags],
             arch,
         )
-        return outside(ninja_deps(folder), system_dirs)
+        return outside(ninja_deps(folder), toolchain_dirs(), own)
 
     spec = BuildSpec(
         backend=backend,
@@ -195,6 +223,9 @@ def load_jit(
         roots=roots,
         build=build,
         load=lambda path: tvm_ffi.load_module(str(path)),
+        scan=scan,
+        inputs=tuple(flag_files([*cflags, *cuda_cflags, *extra_ldflags])),
+        include_path=tuple(dict.fromkeys(own)),
     )
     return get_or_build(spec)
 

@@ -23,7 +23,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .cache import MANIFEST, _cache_error, cache_root, published_entries, verify_entry
+from .cache import (
+    MANIFEST,
+    _cache_error,
+    cache_root,
+    published_entries,
+    read_regular,
+    verify_entry,
+)
 from .plugins import load_target
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
@@ -206,7 +213,7 @@ def _verify(entry: Path) -> str | None:
         return problem
     from .sycl import SAVED_SUFFIX  # here: the CLI starts without the SYCL module
 
-    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest = json.loads(read_regular(entry / MANIFEST))
     if manifest["backend"] == "sycl" and manifest["artifact"].endswith(SAVED_SUFFIX):
         return None  # a device binary of the runtime compiler: it loads on its own device only
     return _check_loads(manifest["backend"], entry / manifest["artifact"])

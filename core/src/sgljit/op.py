@@ -658,8 +658,8 @@ def _check_tensor(name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes:
 def as_rows(t: Any, name: str, written: bool = False) -> Any:
     """``t`` as ``[rows, t.shape[-1]]`` for an op over rows: itself when 2-D; else a view when the
     op writes it (an error naming it when no view exists: a copy would take the writes), or a
-    reshape. Anything that is not a tensor of at least one dimension is returned as it is, for the
-    op's checks to name.
+    reshape. Anything that is not a tensor of at least one dimension, or whose last dimension is
+    empty, is returned as it is, for the op's checks to name.
 
     >>> as_rows(torch.zeros(2, 3, 4), "x").shape
     torch.Size([6, 4])
@@ -669,6 +669,8 @@ def as_rows(t: Any, name: str, written: bool = False) -> Any:
     except AttributeError:
         return t
     if rank == 2 or rank == 0 or not isinstance(t, torch.Tensor):
+        return t
+    if t.shape[-1] == 0:  # rows of no elements: how many is not in the shape; the checks name it
         return t
     if not written:
         return t.reshape(-1, t.shape[-1])

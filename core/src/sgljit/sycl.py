@@ -47,13 +47,25 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .cache import TOOLCHAIN, BuildSpec, cache_key, cache_root, get_or_build, read_depfile
+from .cache import (
+    TOOLCHAIN,
+    BuildSpec,
+    cache_key,
+    cache_root,
+    get_or_build,
+    read_depfile,
+    read_regular,
+)
 from .errors import CompileError, NoCompileError, SgljitError
 from .jit_utils import cache_once, forget_on_clear, module_name
 from .toolchain import (
     compiler_environment,
     compiler_identity,
+    dependency_scan,
+    flag_files,
     host_cxx,
+    include_folders,
+    options,
     outside,
     short_hash,
     system_include_dirs,
@@ -258,15 +270,26 @@ def bridge_spec(csrc_dir: Path = CSRC_DIR) -> BuildSpec:
     csrc_dir = Path(csrc_dir).resolve()
     artifact = "libsgljit_sycl_bridge.so"
 
+    includes = [f"-I{csrc_dir}", f"-I{rt.include}"]
+    own = [str(csrc_dir), *include_folders(())]  # and CPATH's
+
+    def toolchain_dirs() -> list[str]:
+        return [*system_include_dirs(cxx), str(rt.include)]
+
+    def scan(folder: Path) -> list[str]:
+        source = str(csrc_dir / "sycl_bridge.cpp")
+        cmd = [cxx, *BRIDGE_FLAGS, *includes, source, "-M", "-MF", "scan.d"]
+        return outside(dependency_scan(cmd, folder), toolchain_dirs(), own)
+
     def build(folder: Path) -> list[str]:
         cmd = [
-            cxx, *BRIDGE_FLAGS, "-MD", "-MF", "bridge.d", f"-I{csrc_dir}", f"-I{rt.include}",
+            cxx, *BRIDGE_FLAGS, "-MD", "-MF", "bridge.d", *includes,
             str(csrc_dir / "sycl_bridge.cpp"), "-o", artifact,
             f"-L{rt.lib}", f"-Wl,-rpath,{rt.lib}", "-lsycl", "-ldl",
         ]  # fmt: skip
         _run_compiler(cmd, folder, csrc_dir / "sycl_bridge.cpp")
         deps = read_depfile((folder / "bridge.d").read_text())
-        return outside(deps, (*system_include_dirs(cxx), rt.include))
+        return outside(deps, toolchain_dirs(), own)
 
     return BuildSpec(
         backend="sycl",
@@ -283,6 +306,8 @@ def bridge_spec(csrc_dir: Path = CSRC_DIR) -> BuildSpec:
         ),
         build=build,
         load=_load_bridge,
+        scan=scan,
+        include_path=tuple(own),
     )
 
 
@@ -486,9 +511,13 @@ SAVED_FORMAT = "sgljit-sycl-opencl-binary-1"
 SAVED_SUFFIX = ".bin"
 
 
-def _compile_source(module: SYCLModule, queue: int, device_key: str) -> int:
+def _compile_source(
+    module: SYCLModule, queue: int, device_key: str, extra: Sequence[str] = ()
+) -> int:
+    """Compile the module's source for a queue's device; ``extra``: options that do not change the
+    binary (where to write the dependency file)."""
     rtc, lib = module._rtc, module._lib
-    opts = [o.encode() for o in rtc.options]
+    opts = [o.encode() for o in (*rtc.options, *extra)]
     logger.debug("sgljit: runtime compiler: %s on %s", module.name, device_key)
     handle = lib.sgljit_sycl_build(
         queue, rtc.source.encode(), len(opts), (ctypes.c_char_p * len(opts))(*opts)
@@ -525,7 +554,7 @@ def _save_binary(lib: ctypes.CDLL, handle: int, kernels: Sequence[str], path: Pa
 
 def load_saved(lib: ctypes.CDLL, queue: int, path: Path) -> _Program:
     """A program from a binary saved by the runtime-compiler route, for the queue's device."""
-    header, _, blob = path.read_bytes().partition(b"\n")
+    header, _, blob = read_regular(path).partition(b"\n")
     meta = json.loads(header)
     if meta.get("format") != SAVED_FORMAT:
         raise ValueError(f"{path}: not a saved SYCL binary of format {SAVED_FORMAT}")
@@ -538,37 +567,31 @@ def load_saved(lib: ctypes.CDLL, queue: int, path: Path) -> _Program:
 # The runtime compile's options that decide which headers a source reaches, as one word (-Idir) or
 # two (-I dir).
 _HEADER_OPTIONS = ("-I", "-isystem", "-iquote", "-idirafter", "-include", "-D", "-U")
+# The runtime compiler's own headers, built into libsycl-jit: its dependency output names them
+# under this folder, which exists nowhere on disk (the runtime's version is in the key).
+_RTC_OWN_HEADERS = "/sycl-jit-toolchain"
 
 
-def _header_options(options: Sequence[str]) -> list[str]:
-    """The options of ``options`` the host preprocessor needs to find the same headers.
+def _header_options(opts: Sequence[str]) -> list[str]:
+    """The options of ``opts`` the host preprocessor needs to find the same headers.
 
     >>> _header_options(["-I", "/a", "-isystem/b", "-O3", "-DX=1", "-fsycl"])
-    ['-I', '/a', '-isystem/b', '-DX=1']
+    ['-I', '/a', '-isystem', '/b', '-D', 'X=1']
     """
-    kept, words = [], iter(options)
-    for option in words:
-        if option in _HEADER_OPTIONS:
-            kept += [option, next(words, "")]
-        elif option.startswith(_HEADER_OPTIONS):
-            kept.append(option)
-    return kept
+    return [word for pair in options(opts, _HEADER_OPTIONS) for word in pair]
 
 
-def _scan_dependencies(folder: Path, rtc: RtcSource) -> list[str]:
-    """The headers the module's source includes, found by the host preprocessor with the same
-    include and macro options (the runtime compiler reports none); the compiler's and the SYCL
-    runtime's own headers excluded (their versions are in the key)."""
+def _host_scan(folder: Path, rtc: RtcSource) -> list[str]:
+    """The headers the module's source includes as the host preprocessor sees it, with the same
+    include and macro options: what the build will read, listed before it (the device compile's
+    own dependency output, after it, is what is recorded)."""
     rt = find_runtime()
-    cxx = host_cxx()
     cmd = [
-        cxx, "-std=c++17", "-E", "-M", "-MF", "module.d", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING",
-        "-isystem", str(rt.include), *_header_options(rtc.options), "-x", "c++", "module.cpp",
-        "-o", os.devnull,
+        host_cxx(), "-std=c++17", "-DSYCL_DISABLE_FSYCL_SYCLHPP_WARNING", "-isystem",
+        str(rt.include), *_header_options(rtc.options), "-x", "c++", "module.cpp",
+        "-M", "-MF", "scan.d",
     ]  # fmt: skip
-    _run_compiler(cmd, folder, folder / "module.cpp")
-    deps = read_depfile((folder / "module.d").read_text())
-    return outside(deps, [*system_include_dirs(cxx), rt.include])
+    return dependency_scan(cmd, folder)
 
 
 def _rtc_spec(
@@ -576,13 +599,27 @@ def _rtc_spec(
 ) -> BuildSpec:
     """The cache spec of a runtime-compiled module for one device (its binary is the device's own:
     the device, its driver and the runtime are in the key)."""
-    rt, rtc, lib = find_runtime(), module._rtc, module._lib
+    rt, rtc, lib, cxx = find_runtime(), module._rtc, module._lib, host_cxx()
     artifact = module.name + SAVED_SUFFIX
+    own = include_folders(rtc.options)
+
+    def toolchain_dirs() -> list[str]:
+        # The runtime compiler reads the host C++ library's headers too (the host c++'s identity).
+        return [*system_include_dirs(cxx), str(rt.include), _RTC_OWN_HEADERS]
+
+    def scan(folder: Path) -> list[str]:
+        return outside(_host_scan(folder, rtc), toolchain_dirs(), own)
 
     def build(folder: Path) -> list[str]:  # module.cpp (spec.files) is in the folder already
-        handle = _compile_source(module, queue, device_key)
+        depfile = folder / "device.d"
+        handle = _compile_source(module, queue, device_key, ("-MD", "-MF", str(depfile)))
         _save_binary(lib, handle, rtc.kernels, folder / artifact)
-        return _scan_dependencies(folder, rtc)
+        # The device compile's own dependency output: the headers it read under the macros it
+        # defines (__SYCL_DEVICE_ONLY__, __clang__, ...), which no host scan sees. A runtime that
+        # writes none leaves the host scan's list.
+        written = depfile.is_file()
+        deps = read_depfile(depfile.read_text()) if written else _host_scan(folder, rtc)
+        return outside(deps, toolchain_dirs(), own)
 
     return BuildSpec(
         backend="sycl",
@@ -591,6 +628,7 @@ def _rtc_spec(
         artifact=artifact,
         files={"module.cpp": rtc.source},
         fingerprint=(
+            TOOLCHAIN + "c++ " + compiler_identity(cxx),
             f"intel-sycl-rt=={rt.version}",
             "device " + identity,
             "options " + shlex.join(rtc.key_options),
@@ -598,6 +636,9 @@ def _rtc_spec(
         roots=rtc.roots,
         build=build,
         load=lambda path: load_saved(lib, queue, path),
+        scan=scan,
+        inputs=tuple(flag_files(rtc.options)),
+        include_path=tuple(own),
     )
 
 
@@ -668,8 +709,9 @@ def _load_rtc(name, files, include_dirs, cflags) -> SYCLModule:
     lib = bridge()
     roots, order = _include_roots(files, include_dirs)
     # Sources are included by name from their folders (on the include path), so neither the
-    # source text nor the key holds an installation's paths.
-    source = "".join(f'#include "{f.name}"\n' for f in files)
+    # source text nor the key holds an installation's paths; in angle brackets, because the
+    # runtime compiler looks for a quoted name in the process's working directory first.
+    source = "".join(f"#include <{f.name}>\n" for f in files)
     kernels = tuple(dict.fromkeys(k for f in files for k in find_kernels(f.read_text())))
     rtc = RtcSource(
         source=source,
@@ -817,25 +859,33 @@ def plan_icpx_build(
     roots, order = _include_roots(files, incs)
     roots["csrc"] = CSRC_DIR
 
-    def command_with(include: Callable[[str], str]) -> tuple[str, ...]:
+    def flags_with(include: Callable[[str], str]) -> tuple[str, ...]:
         return (
             icpx, "-fsycl", "-O3", "-std=c++17", "-fPIC", "-shared", *ICPX_NUMERICS_FLAGS,
             f"-fsycl-targets={','.join(targets)}", *(include(r) for r in [*order, "csrc"]),
-            *extra_sycl_cflags, "-MD", "-MF", "module.d", "module.cpp", "-o", artifact,
-            *extra_ldflags,
+            *extra_sycl_cflags,
         )  # fmt: skip
 
-    command = command_with(lambda role: f"-I{roots[role]}")
-    key_command = command_with(lambda role: "-I{" + role + "}")
+    outputs = ("-MD", "-MF", "module.d", "module.cpp", "-o", artifact, *extra_ldflags)
+    command = (*flags_with(lambda role: f"-I{roots[role]}"), *outputs)
+    key_command = (*flags_with(lambda role: "-I{" + role + "}"), *outputs)
     tag = short_hash(name, *key_command)
     source = _icpx_source(name, files, kernels, tag)
+    own = [*(str(roots[r]) for r in [*order, "csrc"]), *include_folders(extra_sycl_cflags)]
+
+    def toolchain_dirs() -> list[str]:
+        found = shutil.which(icpx)
+        root = [os.path.dirname(os.path.dirname(os.path.realpath(found)))] if found else []
+        return [*root, *system_include_dirs(icpx)]
+
+    def scan(folder: Path) -> list[str]:
+        cmd = [*flags_with(lambda role: f"-I{roots[role]}"), "module.cpp", "-M", "-MF", "scan.d"]
+        return outside(dependency_scan(cmd, folder), toolchain_dirs(), own)
 
     def build(folder: Path) -> list[str]:
         _run_compiler(list(command), folder, folder / "module.cpp")
-        found = shutil.which(icpx)
-        own = [os.path.dirname(os.path.dirname(os.path.realpath(found)))] if found else []
         deps = read_depfile((folder / "module.d").read_text())
-        return outside(deps, (*own, *system_include_dirs(icpx)))
+        return outside(deps, toolchain_dirs(), own)
 
     spec = BuildSpec(
         backend="sycl",
@@ -847,6 +897,9 @@ def plan_icpx_build(
         roots=roots,
         build=build,
         load=lambda path: _declare_abi(ctypes.CDLL(str(path))),  # never dlclose'd
+        scan=scan,
+        inputs=tuple(flag_files([*extra_sycl_cflags, *extra_ldflags])),
+        include_path=tuple(own),
     )
     return IcpxPlan(name, cache_key(spec), command, source, kernels, targets, spec)
 

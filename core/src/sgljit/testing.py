@@ -5,12 +5,15 @@ For each op (see :mod:`sgljit.op`) and each backend this machine can run:
 - ``numerics``: every declared :class:`~sgljit.op.Case` on fresh random data, outputs and scratch
   space poisoned first, against the reference run on float64 copies of the inputs (scratch space
   is not compared);
-- ``bad_inputs``: arguments generated from the declared argument specs — not a tensor, an extra
-  dimension, a dtype outside the allowed ones, a size that disagrees with another tensor's, a
-  strided last dimension, an expanded (overlapping) written tensor, a written tensor sharing memory
-  with another argument, a tensor that requires grad, a tensor on another device, a scalar out of
-  range — each must raise an error that starts with the argument's name; an empty batch must run
-  or raise such an error, never crash;
+- ``bad_inputs``: arguments generated from the declared argument specs — not a tensor (a list, a
+  numpy array), a 0-d tensor, a 1-D empty tensor, an extra dimension, a dtype outside the allowed
+  ones, a size that disagrees with another tensor's, a strided last dimension, an expanded
+  (overlapping) written tensor, a written tensor sharing memory with another argument, a tensor
+  that requires grad, a tensor on another device, a scalar out of range — each must raise an
+  error that starts with the argument's name; an empty batch must run or raise such an error,
+  never crash. The plugin's public function that calls the op (``sgljit.ops.<name>``, see
+  :func:`public_function`) gets the first three in each tensor parameter, its other parameters
+  bound by name from the op's first case: it must run or raise an error starting with that name;
 - ``torch_compile``: ``torch.compile(fullgraph=True)`` of a call matches the eager result
   (reference and CUDA);
 - ``cuda_graph``: a captured call replays on new data (CUDA).
@@ -24,6 +27,7 @@ A plugin's tests get all of it with one line::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -40,6 +44,7 @@ __all__ = [
     "conformance",
     "families",
     "max_error",
+    "public_function",
     "run_case",
     "run_check",
     "synchronize",
@@ -258,6 +263,12 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
             found.append((f"{name} not a number", replaced(i, "1"), name))
             continue
         found.append((f"{name} not a tensor", replaced(i, t.tolist()), name))
+        found.append((f"{name} a numpy array", replaced(i, _numpy(t)), name))
+        found.append((f"{name} a 0-d tensor", replaced(i, _blank((), t.dtype, device)), name))
+        if _refuses_empty(spec, bound):
+            found.append(
+                (f"{name} a 1-D empty tensor", replaced(i, _blank((0,), t.dtype, device)), name)
+            )
         found.append((f"{name} with an extra dimension", replaced(i, t.unsqueeze(0)), name))
         named = base[op.params.index(spec.same_as)].dtype if spec.same_as else None
         wrong = _wrong_dtype(spec, t.dtype, named)
@@ -293,6 +304,89 @@ def bad_inputs(op: Op, device: torch.device, backend: str) -> list[tuple[str, tu
             found.append((f"{name} on the CPU", replaced(i, t.cpu()), name))
     found += _sharing_memory(op, base)
     return found
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    """A numpy array like ``t`` (float32 where numpy has no such dtype): a shape and a dtype, not
+    a tensor."""
+    return t.detach().cpu().float().numpy() if t.is_floating_point() else t.detach().cpu().numpy()
+
+
+def _refuses_empty(spec: Tensor, bound: set[str]) -> bool:
+    """Whether a 1-D tensor of no elements does not fit ``spec``: of another rank, or of a size an
+    earlier tensor set (``bound``) or the spec fixes. (One that sets its own size is an empty
+    batch.)"""
+    if len(spec.shape) != 1:
+        return True
+    size = spec.shape[0]
+    return size in bound if isinstance(size, str) else isinstance(size, int) and size != 0
+
+
+def public_function(op: Op) -> tuple[str, Callable[..., Any]] | None:
+    """(name, function) of the public function that calls ``op``: the ``sgljit.ops`` entry of the
+    op's plugin named as the op, else the longest whose name and ``_`` begin the op's
+    (``rmsnorm_quant_fp8`` for ``rmsnorm_quant_fp8_static``); None where no plugin declares one."""
+    from .plugins import discover, load_target
+
+    plugin = next((p for p in discover() if p.name == op.family.name and not p.error), None)
+    ops = (plugin.manifest or {}).get("ops", {}) if plugin else {}
+    names = [n for n in ops if n == op.name or op.name.startswith(n + "_")]
+    if not names:
+        return None
+    name = max(names, key=len)
+    return name, load_target(ops[name])
+
+
+def _public_arguments(op: Op, name: str, fn: Callable[..., Any], base: tuple) -> tuple[dict, dict]:
+    """(required, optional): ``fn``'s parameters bound by name to the op's arguments ``base`` (one
+    named like a size of the op's tensors gets that size), those without a default and those with
+    one; an AssertionError names a required one that cannot be bound."""
+    values = dict(zip(op.params, base, strict=True))
+    sizes: dict[str, int] = {}
+    for arg, value in values.items():
+        spec = op.args[arg]
+        if isinstance(spec, Tensor):
+            for size, got in zip(spec.shape, value.shape, strict=False):
+                if isinstance(size, str):
+                    sizes.setdefault(size, got)
+    required, optional = {}, {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        known = p.name in values or p.name in sizes
+        if p.default is inspect.Parameter.empty and not known:
+            raise AssertionError(
+                f"sgljit.ops.{name}: parameter {p.name!r} is none of {op.name}'s arguments or "
+                "sizes, so the conformance suite cannot call it: name it like one, or give it a "
+                "default"
+            )
+        if known:
+            value = values[p.name] if p.name in values else sizes[p.name]
+            (required if p.default is inspect.Parameter.empty else optional)[p.name] = value
+    return required, optional
+
+
+def _public_bad_inputs(op: Op, device: torch.device) -> list[tuple[str, Callable[[], Any], str]]:
+    """(what, call, parameter) for the public function that calls ``op``: its required parameters
+    from the op's first case, and each tensor parameter in turn a numpy array, a 0-d tensor and a
+    1-D empty tensor."""
+    found = public_function(op)
+    if found is None:
+        return []
+    name, fn = found
+    required, optional = _public_arguments(op, name, fn, op.cases[0].make(device))
+    calls = []
+    for param, value in {**required, **optional}.items():
+        if not (isinstance(value, torch.Tensor) and isinstance(op.args.get(param), Tensor)):
+            continue
+        for what, bad in (
+            ("a numpy array", _numpy(value)),
+            ("a 0-d tensor", _blank((), value.dtype, device)),
+            ("a 1-D empty tensor", _blank((0,), value.dtype, device)),
+        ):
+            args = {**required, param: bad}
+            calls.append((f"sgljit.ops.{name} with {param} {what}", lambda a=args: fn(**a), param))
+    return calls
 
 
 def _over_bytes_of(like: torch.Tensor, source: torch.Tensor) -> torch.Tensor | None:
@@ -376,6 +470,15 @@ def check_bad_inputs(op: Op, backend: str, device: torch.device) -> None:
                 )
             else:
                 raise AssertionError(f"{op.name} on {backend}: {what} was accepted")
+        for what, call, name in _public_bad_inputs(op, device):
+            try:  # running is fine (the public function may take it); a foreign error is not
+                with torch.no_grad():
+                    call()
+            except (TypeError, ValueError, RuntimeError) as err:
+                assert str(err).startswith(f"{name}:"), (
+                    f"{what} on {backend}: the error does not start with '{name}:': "
+                    f"{type(err).__name__}: {str(err)[:300]}"
+                )
         try:
             with torch.no_grad():
                 op(*_empty_batch(op, device))

@@ -1,7 +1,9 @@
 """Where the compilers are, what they are, and which GPU architecture to build for.
 
 Everything here runs on the warm path of a fresh process, so nothing spawns a process when it can
-avoid it: a compiler's identity is memoized on disk, keyed by the binary's path, size and mtime.
+avoid it: a compiler's identity is memoized on disk (``<cache>/toolchains.json``), keyed by what
+the executable on PATH resolves to — its path, size, mtime, ctime and inode, and for a small file
+(a wrapper script) its contents — so replacing or editing a compiler or its wrapper asks it again.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .errors import SgljitError
@@ -23,9 +26,12 @@ __all__ = [
     "compiler_identity",
     "cuda_arch_list",
     "cuda_home",
+    "dependency_scan",
     "find_ninja",
     "find_nvcc",
+    "flag_files",
     "host_cxx",
+    "include_folders",
     "outside",
     "system_include_dirs",
 ]
@@ -37,9 +43,24 @@ def _identity_memo_path() -> Path:
     return cache_root() / "toolchains.json"
 
 
-def _stat_token(path: str) -> str:
+# A wrapper script is at most this big: its contents join its memo key (hashing it costs a few µs).
+_SCRIPT_MAX_BYTES = 64 * 1024
+
+
+def _file_token(path: str) -> str:
+    """What identifies an executable's file: path, size, mtime, ctime (which no copy tool can set
+    back), inode, and for a small file (a wrapper script, whose target is not visible) its sha256."""
     st = os.stat(path)
-    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    token = f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    if st.st_size <= _SCRIPT_MAX_BYTES:
+        token += ":" + _file_sha256(path)
+    return token
+
+
+def _file_sha256(path: str) -> str:
+    from .cache import read_regular
+
+    return hashlib.sha256(read_regular(path, follow=True)).hexdigest()
 
 
 # A compiler that is not installed, e.g. in a production image that only runs prebuilt kernels.
@@ -48,8 +69,8 @@ ABSENT = "absent"
 
 @functools.cache
 def compiler_identity(executable: str, *version_args: str) -> str:
-    """The compiler's own description of itself (``<exe> --version``), memoized on disk;
-    :data:`ABSENT` when it is not installed.
+    """The compiler's own description of itself (``<exe> --version``) and the sha256 of the file
+    it resolves to, memoized on disk; :data:`ABSENT` when it is not installed.
 
     >>> "g++" in compiler_identity(host_cxx()) or "clang" in compiler_identity(host_cxx())
     True
@@ -59,37 +80,52 @@ def compiler_identity(executable: str, *version_args: str) -> str:
         return ABSENT
     real = os.path.realpath(found)
     args = version_args or ("--version",)
-    token = _stat_token(real) + ":" + " ".join(args)
+    token = "identity:" + _file_token(real) + ":" + " ".join(args)
     known = _memo_get(token)
     if known is not None:
         return known
-    out = subprocess.run([real, *args], capture_output=True, text=True, check=False)
-    identity = (out.stdout + out.stderr).strip()
+    # Run as found on PATH: a multi-call binary (ccache's links) answers by the name it is run as.
+    out = subprocess.run([found, *args], capture_output=True, text=True, check=False)
+    identity = (out.stdout + out.stderr).strip() + f"\n(sha256 of {real}: {_file_sha256(real)})"
     _memo_put(token, identity)
     return identity
 
 
+# The on-disk memo as this process last read it (read once: a warm load asks it several times).
+_memo_seen: dict | None = None
+
+
 def _memo_get(token: str) -> str | None:
     """A value of the on-disk memo of toolchain facts (``<cache>/toolchains.json``)."""
+    global _memo_seen
+    if _memo_seen is None:
+        _memo_seen = _memo_read()
+    value = _memo_seen.get(token)
+    return value if isinstance(value, str) else None
+
+
+def _memo_read() -> dict:
+    from .cache import read_regular
+
     try:
-        return json.loads(_identity_memo_path().read_text()).get(token)
-    except (OSError, ValueError):
-        return None
+        memo = json.loads(read_regular(_identity_memo_path()))
+    except (OSError, ValueError):  # missing, not a regular file (never opened), unreadable
+        return {}
+    return memo if isinstance(memo, dict) else {}
 
 
 def _memo_put(token: str, value: str) -> None:
     """Record a toolchain fact; a read-only cache only means asking the compiler again."""
+    global _memo_seen
+    from .cache import write_atomic
+
+    memo = _memo_read()
+    memo[token] = value
+    _memo_seen = memo
     memo_path = _identity_memo_path()
     try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    memo[token] = value
-    try:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        os.replace(tmp, memo_path)
+        write_atomic(memo_path, json.dumps(memo, indent=1).encode())
     except OSError:
         pass  # a read-only cache still works, it only re-asks the compiler next time
 
@@ -118,7 +154,7 @@ def system_include_dirs(executable: str) -> tuple[str, ...]:
     if found is None:
         return ()
     real = os.path.realpath(found)
-    token = "system_include_dirs:" + _stat_token(real)
+    token = "system_include_dirs:" + _file_token(real)
     known = _memo_get(token)
     if known is not None:
         return tuple(known.split("\n")) if known else ()
@@ -138,14 +174,131 @@ def system_include_dirs(executable: str) -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def outside(paths: Iterable[str], folders: Iterable[str | os.PathLike]) -> list[str]:
-    """The paths not under any of ``folders`` (a dependency list without the toolchain's headers).
+def outside(
+    paths: Iterable[str], folders: Iterable[str | os.PathLike], keep: Iterable[str] = ()
+) -> list[str]:
+    """The paths not under any of ``folders`` (a dependency list without the toolchain's headers);
+    a path under one of ``keep`` (a folder the build names itself, such as an ``-I`` folder below a
+    system folder) always stays.
 
     >>> outside(["/usr/include/stdio.h", "/src/k.h"], ["/usr/include"])
     ['/src/k.h']
+    >>> outside(["/usr/local/include/x/x.h"], ["/usr/local/include"], keep=["/usr/local/include/x"])
+    ['/usr/local/include/x/x.h']
     """
-    prefixes = [str(f).rstrip("/") + "/" for f in folders]
-    return [p for p in paths if not os.path.normpath(p).startswith(tuple(prefixes))]
+    prefixes = tuple(str(f).rstrip("/") + "/" for f in folders)
+    kept = tuple(str(f).rstrip("/") + "/" for f in keep)
+    found = []
+    for p in paths:
+        norm = os.path.normpath(p)
+        if not norm.startswith(prefixes) or (kept and norm.startswith(kept)):
+            found.append(p)
+    return found
+
+
+def options(flags: Iterable[str], names: Sequence[str]) -> list[tuple[str, str]]:
+    """(option, value) of each option of ``names`` in ``flags``, given as one word (``-Idir``) or
+    two (``-I dir``); longer names first where one is a prefix of another.
+
+    >>> options(["-I", "/a", "-isystem/b", "-O3", "-DX=1"], ["-I", "-isystem", "-D"])
+    [('-I', '/a'), ('-isystem', '/b'), ('-D', 'X=1')]
+    """
+    ordered = sorted(names, key=len, reverse=True)
+    found, words = [], iter(flags)
+    for word in words:
+        name = next((n for n in ordered if word.startswith(n)), None)
+        if name is not None:
+            found.append((name, word[len(name) :] or next(words, "")))
+    return found
+
+
+# Options that name header folders; and the variables whose folders the compilers also search.
+INCLUDE_FOLDER_OPTIONS = ("-I", "-isystem", "-iquote", "-idirafter")
+_INCLUDE_PATH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
+# Response files within response files are followed this deep (one naming itself stops here).
+_MAX_RESPONSE_DEPTH = 8
+
+
+def expand_response_files(flags: Iterable[str], found: list[str] | None = None) -> list[str]:
+    """``flags`` with each ``@file`` (an absolute path: builds run in their own folder) replaced by
+    the words it holds, as the compilers read it, nested ones too; the files read are appended to
+    ``found``. One that cannot be read stays as it is."""
+    from .cache import read_regular
+
+    def expand(words: Iterable[str], depth: int) -> list[str]:
+        out: list[str] = []
+        for word in words:
+            path = word[1:]
+            if not (word.startswith("@") and os.path.isabs(path) and depth):
+                out.append(word)
+                continue
+            try:
+                inner = shlex.split(read_regular(path, follow=True).decode())
+            except (OSError, ValueError):
+                out.append(word)
+                continue
+            if found is not None:
+                found.append(os.path.normpath(path))
+            out += expand(inner, depth - 1)
+        return out
+
+    return expand(flags, _MAX_RESPONSE_DEPTH)
+
+
+def include_folders(flags: Iterable[str]) -> list[str]:
+    """The header folders a build names itself: those of ``flags`` (``-I``, ``-isystem``, ``-iquote``,
+    ``-idirafter``; response files expanded), then ``CPATH`` and ``C(PLUS)_INCLUDE_PATH``'s. Their
+    headers are the build's own, also where such a folder lies below a compiler's system folder.
+
+    >>> include_folders(["-I", "/a", "-isystem/b", "-O3"])[:2]
+    ['/a', '/b']
+    """
+    words = expand_response_files(flags)
+    found = [os.path.abspath(v) for _, v in options(words, INCLUDE_FOLDER_OPTIONS) if v]
+    for variable in _INCLUDE_PATH_VARIABLES:
+        found += [os.path.abspath(p) for p in os.environ.get(variable, "").split(os.pathsep) if p]
+    return list(dict.fromkeys(found))
+
+
+def flag_files(flags: Iterable[str]) -> list[str]:
+    """The files ``flags`` make a build read besides its sources and headers: response files
+    (``@file``), files named by absolute path (static libraries, objects, linker scripts,
+    ``-include`` headers), and each ``-l<name>`` (``-l:<file>``) found in a ``-L`` folder the flags
+    give (the toolchain's own library folders belong to its identity).
+
+    >>> flag_files(["-O3", "-lm"])
+    []
+    """
+    found: list[str] = []
+    words = expand_response_files(flags, found)
+    found += [w for w in words if os.path.isabs(w) and os.path.isfile(w)]
+    lib_dirs = [v for _, v in options(words, ["-L"]) if v]
+    for _, name in options(words, ["-l"]):
+        names = [name[1:]] if name.startswith(":") else [f"lib{name}.so", f"lib{name}.a"]
+        for folder in lib_dirs:
+            hits = [
+                os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))
+            ]
+            if hits:
+                found += hits
+                break
+    return list(dict.fromkeys(os.path.abspath(f) for f in found))
+
+
+def dependency_scan(command: list[str], folder: Path) -> list[str]:
+    """The files a preprocessor run as ``command`` (ending in ``-M -MF scan.d``) in ``folder``
+    lists, or none when it fails: the compile then reports the error, or reads files no scan
+    listed and is built again (see :class:`sgljit.cache.BuildSpec`)."""
+    from .cache import read_depfile
+
+    depfile = folder / "scan.d"
+    try:
+        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+        return read_depfile(depfile.read_text()) if result.returncode == 0 else []
+    except OSError:
+        return []
+    finally:
+        depfile.unlink(missing_ok=True)
 
 
 def host_cxx() -> str:
@@ -179,7 +332,7 @@ def find_ninja() -> str:
         raise SgljitError(
             f"sgljit: no ninja found to build CUDA modules; pip install 'ninja>={need}'"
         )
-    identity = compiler_identity(found)
+    identity = compiler_identity(found).splitlines()[0]
     version = tuple(int(n) for n in re.findall(r"\d+", identity)[:2])
     if version < MIN_NINJA:
         raise SgljitError(
@@ -211,7 +364,7 @@ def cuda_home() -> str:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise SgljitError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
-    token = "cuda_home:" + _stat_token(os.path.realpath(nvcc))
+    token = "cuda_home:" + _file_token(os.path.realpath(nvcc))
     known = _memo_get(token)
     if known is not None and Path(known, "bin", "nvcc").exists():
         return known

@@ -798,7 +798,7 @@ def qknorm(
     """In place, per head: q ``[T, Hq, D]``, k ``[T, Hk, D]`` (usually strided views into one
     fused qkv buffer; last dimension contiguous), weights ``[D]`` of q's dtype or both float32,
     D in {64, 128, 256, 512, 1024}."""
-    if isinstance(q, torch.Tensor) and q.shape[-1] not in HEAD_DIMS:
+    if isinstance(q, torch.Tensor) and q.dim() and q.shape[-1] not in HEAD_DIMS:
         raise ValueError(
             f"q: head dim (last dimension) {q.shape[-1]} is not supported; expected one of "
             f"{', '.join(map(str, HEAD_DIMS))}"

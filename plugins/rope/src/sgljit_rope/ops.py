@@ -761,7 +761,7 @@ def apply_rope(
 def _check_rotary_dim(rotary_dim, cos_sin_cache: torch.Tensor) -> None:
     if not isinstance(rotary_dim, int) or isinstance(rotary_dim, bool):
         raise TypeError(f"rotary_dim: expected an int, got {type(rotary_dim).__name__}")
-    if rotary_dim != cos_sin_cache.shape[-1]:
+    if cos_sin_cache.dim() and rotary_dim != cos_sin_cache.shape[-1]:  # 0-d: the op names it
         raise ValueError(
             f"rotary_dim: {rotary_dim} does not match the width of cos_sin_cache "
             f"({cos_sin_cache.shape[-1]})"

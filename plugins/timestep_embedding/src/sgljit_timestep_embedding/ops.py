@@ -233,6 +233,8 @@ def _not_timesteps(t: Any) -> Exception:
 
 
 def _as_fp32(t: torch.Tensor) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):  # a shape and a dtype (a numpy array), no tensor
+        raise _not_timesteps(t)
     if t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"t: expected a real floating-point or integer dtype, got {t.dtype}")
     return t.to(torch.float32)  # int8/uint8/int16/fp8/...: exact, as diffusers' .float()
