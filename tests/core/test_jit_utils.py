@@ -87,7 +87,10 @@ def test_select_backend_defaults_and_overrides():
         pytest.raises(ValueError, match=r"forced \(by use_backend\) but the tensors are on cpu"),
     ):
         sgljit.select_backend(cpu)
-    with pytest.raises(ValueError, match="use_backend: expected one of"), sgljit.use_backend("metal"):
+    with (
+        pytest.raises(ValueError, match="use_backend: expected one of"),
+        sgljit.use_backend("metal"),
+    ):
         pass
 
 
