@@ -111,10 +111,9 @@ def apply_rope(
     rope_theta: float = 1e4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope_inplace` on copies: returns ``(q_rope, k_rope)``."""
-    q_rope, k_rope = q.clone(), k.clone()
-    apply_rope_inplace(q_rope, k_rope, indptr, offsets, rotary_dim, interleave, rope_scale,
-                       rope_theta)  # fmt: skip
-    return q_rope, k_rope
+    return _on_copies(
+        apply_rope_inplace, q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta
+    )
 
 
 def apply_rope_pos_ids_inplace(
@@ -142,10 +141,9 @@ def apply_rope_pos_ids(
     rope_theta: float = 1e4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope_pos_ids_inplace` on copies: returns ``(q_rope, k_rope)``."""
-    q_rope, k_rope = q.clone(), k.clone()
-    apply_rope_pos_ids_inplace(q_rope, k_rope, pos_ids, rotary_dim, interleave, rope_scale,
-                               rope_theta)  # fmt: skip
-    return q_rope, k_rope
+    return _on_copies(
+        apply_rope_pos_ids_inplace, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta
+    )
 
 
 def apply_llama31_rope_inplace(
@@ -183,11 +181,20 @@ def apply_llama31_rope(
     old_context_len: int = 8192,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_llama31_rope_inplace` on copies: returns ``(q_rope, k_rope)``."""
-    q_rope, k_rope = q.clone(), k.clone()
-    apply_llama31_rope_inplace(q_rope, k_rope, indptr, offsets, rotary_dim, interleave, rope_scale,
-                               rope_theta, low_freq_factor, high_freq_factor,
-                               old_context_len)  # fmt: skip
-    return q_rope, k_rope
+    return _on_copies(
+        apply_llama31_rope_inplace,
+        q,
+        k,
+        indptr,
+        offsets,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+    )
 
 
 def apply_llama31_rope_pos_ids_inplace(
@@ -222,14 +229,29 @@ def apply_llama31_rope_pos_ids(
     old_context_len: int = 8192,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_llama31_rope_pos_ids_inplace` on copies: returns ``(q_rope, k_rope)``."""
-    q_rope, k_rope = q.clone(), k.clone()
-    apply_llama31_rope_pos_ids_inplace(q_rope, k_rope, pos_ids, rotary_dim, interleave,
-                                       rope_scale, rope_theta, low_freq_factor, high_freq_factor,
-                                       old_context_len)  # fmt: skip
-    return q_rope, k_rope
+    return _on_copies(
+        apply_llama31_rope_pos_ids_inplace,
+        q,
+        k,
+        pos_ids,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
+
+
+def _on_copies(inplace, q, k, *args) -> tuple[torch.Tensor, torch.Tensor]:
+    """``inplace(q_rope, k_rope, *args)`` on copies of q and k; returns ``(q_rope, k_rope)``."""
+    q_rope, k_rope = q.clone(), k.clone()
+    inplace(q_rope, k_rope, *args)
+    return q_rope, k_rope
 
 
 def _frequencies(q, rotary_dim, rope_scale, rope_theta, llama31=None) -> torch.Tensor:
