@@ -997,6 +997,13 @@ def eager_verdict(ours: float | None, theirs: float | None) -> str:
     return "met" if not misses else "NOT met: " + ", ".join(misses)
 
 
+def _sglang_inputs(spec: dict) -> dict:
+    """A fresh copy of a row's inputs as sglang's call takes them (``sglang_prepare``, if any)."""
+    inputs = spec["inputs"]()
+    prepare = spec.get("sglang_prepare")
+    return prepare(inputs) if prepare else inputs
+
+
 def _eager_warm(index: int) -> str:
     """(A worker process) builds row ``index``'s modules by calling each side once: the kernels
     load from the on-disk caches when the table times them."""
@@ -1011,9 +1018,7 @@ def _eager_warm(index: int) -> str:
             if side == "sgljit":
                 fn, inputs = spec["sgljit"](sgljit.ops), spec["inputs"]()
             elif "sglang" in spec:
-                inputs = spec["inputs"]()
-                prepare = spec.get("sglang_prepare")
-                fn, inputs = spec["sglang"](), prepare(inputs) if prepare else inputs
+                fn, inputs = spec["sglang"](), _sglang_inputs(spec)
             else:
                 continue
             fn(inputs)
@@ -1098,10 +1103,7 @@ def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tupl
             contestants.append((_raiser(spec["sglang_na"], ""), None, contextlib.nullcontext))
         else:
             try:
-                inputs = spec["inputs"]()
-                prepare = spec.get("sglang_prepare")
-                inputs = prepare(inputs) if prepare else inputs
-                contestants.append((spec["sglang"], inputs, contextlib.nullcontext))
+                contestants.append((spec["sglang"], _sglang_inputs(spec), contextlib.nullcontext))
             except Exception as e:
                 contestants.append((_raiser(e, "failed"), None, contextlib.nullcontext))
         (ours, why), (served, served_why), (theirs, their_why) = _eager_times(
