@@ -17,7 +17,7 @@ import sgljit
 from sgljit.compat.flashinfer import norm as fi
 from sgljit_norm import layernorm as ln
 
-from .common import BACKENDS, HAS_CUDA
+from .common import BACKENDS, HAS_CUDA, needs_gpu
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -140,6 +140,36 @@ def test_errors_name_the_argument_before_any_write(backend, on):
                 call()
             assert str(err.value).startswith(f"{name}:"), str(err.value)
     assert out.isnan().all() and not q.float().any(), "nothing is written"
+
+
+# Every CUDA kernel shape: (sub-)warp rows (bf16 64, fp32 12), multi-warp groups with idle threads
+# (1152: 96 threads, some of 1 vector; 1280, 1408, 5120), powers of two, a 1024-thread group (16384),
+# gamma and beta from L1 (32768), the generic kernel (100, 37, 1001).
+CUDA_WIDTHS = [(BF16, 64), (FP32, 12), (BF16, 1152), (BF16, 1280), (BF16, 1408), (BF16, 2048)]
+CUDA_WIDTHS += [(BF16, 3072), (FP16, 4096), (BF16, 5120), (BF16, 16384), (BF16, 32768)]
+CUDA_WIDTHS += [(BF16, 100), (FP16, 37), (FP32, 1001)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("tokens", [1, 7, 4109])
+@pytest.mark.parametrize("dtype,hidden", CUDA_WIDTHS)
+def test_cuda_widths_and_batches(dtype, hidden, tokens):
+    """Each width with float32 params (16-bit rows) or the rows' dtype, plain and -> e4m3: every
+    row of a batch that spans many blocks is written and right."""
+    x = _rand((tokens, hidden), dtype, "cuda", 16, mean=0.5)
+    params = FP32 if dtype != FP32 and hidden % 3 else dtype
+    gamma = _rand(hidden, params, "cuda", 17, mean=1.0, std=0.5)
+    beta = _rand(hidden, params, "cuda", 18)
+    want = _oracle(x, gamma, beta, 1e-6)
+    out = torch.full_like(x, float("nan"))
+    sgljit.ops.layernorm(x, gamma, beta, out=out)
+    _close(out, want, TOL[dtype])
+    q = torch.full((tokens, hidden), float("nan"), device="cuda").to(E4M3)
+    sgljit.ops.layernorm_quant_fp8(x, gamma, beta, torch.tensor([0.01], device="cuda"), out=q)
+    codes = (want.float() / 0.01).clamp(-448, 448).to(E4M3)
+    assert not q.float().isnan().any()
+    assert ((q.double() - codes.double()).abs() / (1 + codes.double().abs())).max() <= 0.125
+    assert (q.float() == codes.float()).double().mean() > 0.99
 
 
 # ------------------------------------------------------------------------------------------------
