@@ -11,8 +11,9 @@ width or alignment a correct generic kernel.
 
 LayerNorm -> fp8 quantizes the float32 ``y`` (not rounded to the input's dtype first) as the norm
 family's RMSNorm -> fp8 does: ``out = (y / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` with a
-correctly rounded float32 division. No fused residual add: neither FlashInfer's ``layernorm`` /
-``layernorm_quant`` nor vLLM or sglang have one for LayerNorm.
+correctly rounded float32 division. No fused residual add: FlashInfer's ``layernorm`` and
+``layernorm_quant`` have none, nor have vLLM and sglang a LayerNorm kernel; FlashInfer's
+``fused_dit_*_layernorm_*`` (a gated residual and DiT's scale/shift modulation) are other ops.
 """
 
 import torch
