@@ -14,9 +14,14 @@ Ops and shapes (bf16; inputs rotated so nothing is timed from L2), --grid defaul
                                  beside sgljit: "sgljit-unfused" (rmsnorm or fused_add_rmsnorm, then
                                  per_tensor_quant_fp8 / per_token_quant_fp8) and torch.compile of
                                  the reference formula
+  layernorm                      bf16 rows, float32 gamma and beta (FlashInfer's contract), H in
+                                 LN_HIDDENS; beside sgljit: F.layer_norm eager and compiled, Liger
+  layernorm_quant_fp8            the same -> float8_e4m3fn (static scale); beside sgljit:
+                                 "sgljit-unfused" (layernorm, then per_tensor_quant_fp8) and
+                                 torch.compile of the reference formula
 --grid models: the hidden sizes and q/k head layouts of real models (MODEL_HIDDENS, MODEL_HEADS) at
 MODEL_TOKENS; --grid quick: a subset of it (QUICK_*), for A/B runs.
-Bytes: each input read once, each output written once (fused add: input, residual read and written;
+Bytes: each input read once, each output written once (LayerNorm: x, gamma, beta, out; fused add: input, residual read and written;
 its quant form: input and residual read, residual and the fp8 output written). The unfused pair is
 timed against the fused op's bytes (its own traffic is larger: the bf16 intermediate out and back).
 """
@@ -68,6 +73,9 @@ QUICK_TOKENS = (1, 128, 4096, 65536)
 QUICK_HEADS = ((32, 8, 128), (40, 8, 128), (64, 8, 128))
 QUANT_TOKENS = (1, 128, 1024, 4096, 16384, 65536)
 QUANT_HIDDENS = (4096, 5120, 8192)
+# LayerNorm's models: vision towers (SigLIP 1152, ViT-H 1280, ViT-g 1408), DiT (1152, 3072 Flux/SD3),
+# older LLMs (2048, 4096, 5120); --grid default times 4096 at TOKENS, the others at WIDE_TOKENS.
+LN_HIDDENS = (1152, 1280, 1408, 2048, 3072, 4096, 5120)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 2.0**-126
@@ -390,6 +398,104 @@ def quant_ops(hiddens, tokens) -> list[Op]:
 
 
 # ------------------------------------------------------------------------------------------------
+# LayerNorm (bf16 rows, float32 gamma and beta), plain or -> float8_e4m3fn with a static scale
+
+
+def ln_case(tokens: int, hidden: int, quant: bool) -> Case:
+    def make_inputs(device):
+        x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=device)
+        i = {
+            "x": x,
+            "g": torch.randn(hidden, device=device) * 0.5 + 1,
+            "b": torch.randn(hidden, device=device),
+            "out": torch.empty(tokens, hidden, dtype=FP8, device=device)
+            if quant
+            else torch.empty_like(x),
+        }
+        if quant:
+            i["scale"] = torch.tensor([0.02], dtype=torch.float32, device=device)
+            i["tmp"] = torch.empty_like(x)  # the unfused pair's bf16 intermediate (not counted)
+        return i
+
+    return Case(
+        label=f"T={tokens} H={hidden}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=lambda i: nbytes(i["x"], i["g"], i["b"], i["out"], i.get("scale")),
+        series=f"H={hidden} bfloat16" + (" -> e4m3" if quant else "") + ", float32 params",
+    )
+
+
+def load_sgljit_layernorm():
+    import sgljit
+
+    f = sgljit.ops.layernorm
+    return lambda i: f(i["x"], i["g"], i["b"], EPS, out=i["out"])
+
+
+def load_sgljit_layernorm_quant():
+    import sgljit
+
+    f = sgljit.ops.layernorm_quant_fp8
+    return lambda i: f(i["x"], i["g"], i["b"], i["scale"], EPS, out=i["out"])
+
+
+def load_sgljit_layernorm_unfused():
+    """sgljit's layernorm, then its per-tensor quantization (the bf16 row through memory)."""
+    import sgljit
+
+    ln, quant = sgljit.ops.layernorm, sgljit.ops.per_tensor_quant_fp8
+    return lambda i: quant(ln(i["x"], i["g"], i["b"], EPS, out=i["tmp"]), i["scale"], out=i["out"])
+
+
+def torch_layernorm(i):
+    # mixed dtypes (bf16 rows, float32 gamma and beta): torch's CUDA kernel takes them as they are
+    return torch.nn.functional.layer_norm(i["x"], i["x"].shape[-1:], i["g"], i["b"], EPS)
+
+
+def torch_layernorm_quant(i):
+    """The reference formula (sgljit_norm.layernorm): float32 LayerNorm, / scale, clamp, to fp8."""
+    x = i["x"].float()
+    y = torch.nn.functional.layer_norm(x, x.shape[-1:], i["g"], i["b"], EPS)
+    return _quantize(y, i["scale"])
+
+
+def load_liger_layernorm():
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+    return lambda i: LigerLayerNormFunction.apply(i["x"], i["g"], i["b"], EPS)
+
+
+def layernorm_ops(hiddens, tokens, wide_tokens=None) -> list[Op]:
+    """``wide_tokens``: the token counts of the widths other than 4096 (default: ``tokens``)."""
+
+    def cases(quant):
+        return [
+            ln_case(t, h, quant)
+            for h in hiddens
+            for t in (tokens if h == 4096 or wide_tokens is None else wide_tokens)
+        ]
+
+    return [
+        Op(
+            "layernorm",
+            cases(False),
+            standard_providers(load_sgljit_layernorm, torch_layernorm, load_liger_layernorm),
+            floor=rmsnorm_floor,
+        ),
+        Op(
+            "layernorm_quant_fp8",
+            cases(True),
+            [
+                *standard_providers(load_sgljit_layernorm_quant, torch_layernorm_quant),
+                Provider("sgljit-unfused", load_sgljit_layernorm_unfused),
+            ],
+            floor=quant_floor,
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def ops(grid: str = "default") -> list[Op]:
@@ -403,6 +509,7 @@ def ops(grid: str = "default") -> list[Op]:
         qk = [qk_case(t, 32, 8, 128, bf16, True) for t in TOKENS]
         across = [qk_case(t, 32, 8, 128, bf16, False) for t in TOKENS]
         quant = quant_ops(QUANT_HIDDENS, QUANT_TOKENS)
+        layernorm = layernorm_ops((1152, 3072, 4096), TOKENS, WIDE_TOKENS)
     else:
         quick = grid == "quick"
         hiddens, tokens = (QUICK_HIDDENS, QUICK_TOKENS) if quick else (MODEL_HIDDENS, MODEL_TOKENS)
@@ -414,6 +521,7 @@ def ops(grid: str = "default") -> list[Op]:
         qk = [qk_case(t, hq, hk, d, bf16, True) for hq, hk, d in heads for t in qk_tokens]
         across = [qk_case(t, hq, hk, d, bf16, False) for hq, hk, d in heads for t in qk_tokens]
         quant = quant_ops(hiddens, tokens)
+        layernorm = layernorm_ops(LN_HIDDENS, tokens)
     return [
         Op(
             "rmsnorm",
@@ -464,6 +572,7 @@ def ops(grid: str = "default") -> list[Op]:
             floor=qknorm_floor,
         ),
         *quant,
+        *layernorm,
     ]
 
 

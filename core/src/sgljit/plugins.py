@@ -54,6 +54,8 @@ KNOWN_OPS = {
             "qknorm_across_heads",
             "rmsnorm_quant_fp8",
             "fused_add_rmsnorm_quant_fp8",
+            "layernorm",
+            "layernorm_quant_fp8",
         ),
         "sgljit-norm",
     ),

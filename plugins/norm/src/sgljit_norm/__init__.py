@@ -1,5 +1,5 @@
-"""sgljit-norm: RMSNorm, fused add + RMSNorm, their Gemma forms, q/k norms, and RMSNorm -> fp8
-(plain or after the fused add; static or per-token scale). CUDA and SYCL kernels; the ops are
+"""sgljit-norm: RMSNorm, fused add + RMSNorm, their Gemma forms, q/k norms, RMSNorm -> fp8
+(plain or after the fused add; static or per-token scale), LayerNorm and LayerNorm -> fp8. CUDA and SYCL kernels; the ops are
 ``sgljit.ops.<name>``."""
 
 MANIFEST = {
@@ -15,6 +15,8 @@ MANIFEST = {
         "qknorm_across_heads": "sgljit_norm.ops:qknorm_across_heads",
         "rmsnorm_quant_fp8": "sgljit_norm.ops:rmsnorm_quant_fp8",
         "fused_add_rmsnorm_quant_fp8": "sgljit_norm.ops:fused_add_rmsnorm_quant_fp8",
+        "layernorm": "sgljit_norm.layernorm:layernorm",
+        "layernorm_quant_fp8": "sgljit_norm.layernorm:layernorm_quant_fp8",
     },
     "family": "sgljit_norm.ops:family",
 }

@@ -912,3 +912,7 @@ def fused_add_rmsnorm_quant_fp8(
     else:
         _fused_quant_static(x, r, weight, scale_view, o, eps)
     return out, returned
+
+
+# LayerNorm's ops are declared on this family in their own module.
+from . import layernorm as _layernorm  # noqa: E402, F401

@@ -12,12 +12,17 @@ float32 normalized value divided by the static ``scale`` (a float32 ``[1]`` or `
 Python float is taken, as FlashInfer still does); ``fused_add_rmsnorm_fp8_block_quant`` the fused
 add, the normalized row in ``normed_out`` and its 1x128-block fp8 quantization with column-major
 block scales. ``enable_pdl`` is accepted and left to sgljit, which launches with programmatic
-dependent launch where the GPU has it (``SGLJIT_PDL=0`` turns it off).
+dependent launch where the GPU has it (``SGLJIT_PDL=0`` turns it off). ``layernorm`` returns a new
+tensor like ``input`` and ``layernorm_quant`` writes ``out`` (fp8, its dtype the format) of
+``((input - mean) * rsqrt(var + eps) * gemma + beta) / scale``, mean and biased variance in float32;
+FlashInfer documents bfloat16 input with float32 ``gemma`` and ``beta``: sgljit also takes float16
+and float32 input, and parameters of the input's dtype.
 
 Where this differs on purpose:
 
 - fp8 codes: ``y / scale`` correctly rounded (FlashInfer multiplies by the rounded reciprocal
-  ``1 / scale``: a code one step apart where the two straddle a rounding boundary, rare).
+  ``1 / scale``: a code one step apart where the two straddle a rounding boundary, rare); the same
+  for ``layernorm_quant``, whose reciprocal FlashInfer takes approximately.
 - ``fused_add_rmsnorm_quant`` normalizes the rounded sum ``residual`` stores (FlashInfer: the float32
   sum; the fp8 code moves only where that rounding crosses an fp8 rounding boundary).
 - A Python float ``scale`` is taken without FlashInfer's deprecation warning.
@@ -35,6 +40,8 @@ __all__ = [
     "fused_add_rmsnorm_quant",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
+    "layernorm",
+    "layernorm_quant",
     "rmsnorm",
     "rmsnorm_quant",
 ]
@@ -149,6 +156,32 @@ def fused_add_rmsnorm_fp8_block_quant(
         out=out,
         scales=block_scale.transpose(0, 1)[:tokens],
     )
+
+
+def layernorm(
+    input: torch.Tensor,
+    gemma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """``out[i] = (input[i] - mean) / sqrt(var + eps) * gemma + beta`` (biased variance, float32),
+    rounded once to input's dtype; input ``[T, H]``, gemma and beta ``[H]`` (float32, or input's
+    dtype). Returns a new tensor."""
+    return sgljit.ops.layernorm(input, gemma, beta, eps)
+
+
+def layernorm_quant(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    gemma: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | torch.Tensor,
+    eps: float = 1e-6,
+) -> None:
+    """``out[i] = fp8(layernorm(input[i]) / scale)`` of the float32 LayerNorm (not rounded to the
+    input's dtype first), clamped to the format's range; out fp8 ``[T, H]`` (float8_e4m3fn or
+    float8_e5m2), scale float32 ``[1]`` or ``[]`` (a Python float is taken)."""
+    sgljit.ops.layernorm_quant_fp8(input, gemma, beta, _scale(scale, input), eps, out=out)
 
 
 _E4M3_MAX = 448.0
