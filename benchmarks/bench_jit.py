@@ -1066,7 +1066,8 @@ def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tupl
     lines = [
         title,
         "",
-        f"- sglang-jit: sglang {version or 'not fetched'} jit_kernel "
+        f"- sglang-jit: sglang {version or 'not fetched'} JIT kernels, called under "
+        "inference_mode "
         f"(benchmarks/sglang_provider.py); target: ≤ {TARGET_EAGER_US:g} µs per call, and never "
         "slower than sglang's",
         f"- best of 7 rounds of {calls} back-to-back eager calls, wall time per call (launches "
@@ -1103,7 +1104,9 @@ def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tupl
             contestants.append((_raiser(spec["sglang_na"], ""), None, contextlib.nullcontext))
         else:
             try:
-                contestants.append((spec["sglang"], _sglang_inputs(spec), contextlib.nullcontext))
+                # sglang's custom-op fast path needs grad off, as sgljit's does: its rounds run
+                # under inference_mode, as sglang's server calls it
+                contestants.append((spec["sglang"], _sglang_inputs(spec), torch.inference_mode))
             except Exception as e:
                 contestants.append((_raiser(e, "failed"), None, contextlib.nullcontext))
         (ours, why), (served, served_why), (theirs, their_why) = _eager_times(

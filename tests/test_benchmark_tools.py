@@ -121,6 +121,80 @@ def test_sglang_jit_provider_says_how_to_fetch_it(monkeypatch, tmp_path):
     assert harness.versions()["sglang-jit"] == "missing"
 
 
+# Resolves every op of the sglang-jit provider's table in a fresh interpreter (importing the fetched
+# tree puts its sglang package in sys.modules): "ok", "absent: <reason>" (the release has no such
+# op), "needs triton" (a Triton kernel where triton is not installed), or "error: <exception>".
+_RESOLVE_ALL = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import sglang_provider as sp
+out = {}
+for op in sp.OPS:
+    try:
+        fn = sp.resolve(op, need_gpu=False)
+        out[op] = "ok" if callable(fn) else f"error: {fn!r} is not callable"
+    except NotImplementedError as e:
+        out[op] = f"absent: {e}"
+    except ModuleNotFoundError as e:
+        out[op] = "needs triton" if e.name == "triton" else f"error: {e!r}"
+    except Exception as e:
+        out[op] = f"error: {e!r}"
+print(json.dumps({"layout": sp.layout(), "version": sp.version(), "ops": out}))
+"""
+
+
+def test_sglang_jit_provider_maps_every_op_of_the_fetched_tree():
+    """Every op the provider maps imports from the fetched tree (its modules import on the CPU and
+    fail only when a kernel is called), and every op it calls absent is absent there."""
+    import sglang_provider
+
+    if sglang_provider.layout() is None:
+        pytest.skip(
+            f"sglang's kernels are not fetched into {sglang_provider.path()} "
+            "(run benchmarks/fetch_sglang_jit.sh; it needs a package index)"
+        )
+    proc = subprocess.run(
+        [sys.executable, "-c", _RESOLVE_ALL, str(BENCH)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    kind = found["layout"]
+    has_triton = importlib.util.find_spec("triton") is not None
+    for op, status in found["ops"].items():
+        mapped = sglang_provider.OPS[op][kind]
+        if isinstance(mapped, str):
+            assert status.startswith("absent: ") and mapped in status, (op, status)
+        elif status == "needs triton":
+            assert not has_triton, (op, status)
+        else:
+            assert status == "ok", (op, mapped, status)
+    if kind == "kernels":  # the ops new in 0.5.23's layout are there
+        for op in (
+            "gemma_rmsnorm",
+            "per_token_quant_fp8",
+            "silu_and_mul_per_token_group_quant_fp8",
+        ):
+            assert found["ops"][op] == "ok", (op, found["ops"][op])
+
+
+def test_sglang_jit_provider_tells_the_layouts_apart(monkeypatch, tmp_path):
+    import sglang_provider
+
+    monkeypatch.setenv("SGLANG_JIT_PATH", str(tmp_path))
+    assert sglang_provider.layout() is None and sglang_provider.version() is None
+    (tmp_path / "sglang" / "jit_kernel").mkdir(parents=True)
+    (tmp_path / "SOURCE.txt").write_text("wheel: sglang-0.5.13-cp312-cp312-x.whl\n")
+    assert sglang_provider.layout() == "jit_kernel" and sglang_provider.version() == "0.5.13"
+    with pytest.raises(NotImplementedError, match=r"new in sglang 0\.5\.23"):
+        sglang_provider.resolve("table_qk_norm_rope", need_gpu=False)
+    (tmp_path / "sglang" / "kernels" / "jit").mkdir(parents=True)
+    assert sglang_provider.layout() == "kernels"
+    with pytest.raises(NotImplementedError, match=r"removed in sglang 0\.5\.23"):
+        sglang_provider.resolve("qknorm_across_heads", need_gpu=False)
+    # every op has an entry for both layouts
+    assert all(set(where) == {"kernels", "jit_kernel"} for where in sglang_provider.OPS.values())
+
+
 def test_error_cells_put_the_root_cause_first_and_drop_the_repo_path():
     root = BENCH.parent
     err = RuntimeError(
