@@ -14,8 +14,9 @@
 # The kernels are Python, C++/CUDA sources and headers, identical in every platform's wheel, so any
 # one is taken (pinned to CPython 3.12 manylinux x86_64, so the script works from any host). The
 # wheel's layout decides what DEST gets:
-#   0.5.23 and later (sglang.kernels: ops/<area>/*.py over jit/), about 16 MB:
-#     sglang/kernels/**             whole (the ops import each other lazily, across areas)
+#   0.5.23 and later (sglang.kernels: ops/<area>/*.py over jit/), about 9 MB:
+#     sglang/kernels/jit/**         whole, and of the rest of sglang/kernels the modules the provider
+#                                   calls with all they import (KERNELS_OPS below)
 #     verbatim, modules that need only torch and the standard library:
 #       sglang/version.py, sglang/_version.py, sglang/srt/environ.py, sglang/srt/utils/custom_op.py
 #     stubs, for modules whose real import pulls in sglang's server:
@@ -78,7 +79,7 @@ wheel, out = Path(sys.argv[1]), Path(sys.argv[2])
 # sglang/srt/utils/common.py copied into its stub, in this order.
 LAYOUTS = {
     "kernels": {
-        "tree": "sglang/kernels/",
+        "tree": "sglang/kernels/jit/",
         "verbatim": [
             "sglang/version.py",
             "sglang/_version.py",
@@ -105,6 +106,65 @@ LAYOUTS = {
         "common": ["sglang_lib", "is_hip", "is_xpu", "is_npu", "is_musa", "direct_register_custom_op"],
     },
 }
+
+# sglang.kernels.ops modules benchmarks/sglang_provider.py calls (its OPS table, newer layout): they,
+# every package __init__ and top-level module of sglang.kernels, and what these import (anywhere in
+# their code: some imports are inside functions) within sglang.kernels are taken; sglang/kernels/jit/
+# is taken whole (its C++/CUDA sources include each other across folders).
+KERNELS_OPS = [
+    "layernorm.norm", "layernorm.grouped_gemma_rmsnorm", "attention.rope",
+    "attention.fused_qknorm_rope", "attention.table_qk_norm_rope", "diffusion.rope.qknorm_rope_jit",
+    "quantization.per_tensor_quant_fp8", "quantization.per_token_quant_fp8",
+    "quantization.per_token_group_quant", "activation.activation",
+    "diffusion.modulate.timestep_embedding_jit",
+]
+
+
+def module_file(names: set, module: str):
+    path = module.replace(".", "/")
+    return next((f for f in (path + ".py", path + "/__init__.py") if f in names), None)
+
+
+def imported(source: str, module: str, is_package: bool) -> list:
+    """Every module ``source`` names in an import statement, wherever it is (a name imported from
+    a module may be a submodule: both are listed)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found += [name] + [f"{name}.{a.name}" for a in node.names]
+    return found
+
+
+def kernels_closure(z: zipfile.ZipFile, names: set) -> list:
+    """The files of sglang.kernels the provider's modules need (see KERNELS_OPS)."""
+    todo = [f"sglang.kernels.ops.{m}" for m in KERNELS_OPS]
+    todo += [n[:-3].replace("/", ".") for n in names if n.startswith("sglang/kernels/")
+             and n.endswith(".py") and (n.endswith("/__init__.py") or n.count("/") == 2)]
+    seen = {}
+    while todo:
+        module = todo.pop()
+        if not module.startswith("sglang.kernels") or module in seen:
+            continue
+        f = module_file(names, module)
+        if f is None:
+            continue  # a name defined in a module, not a module
+        seen[module] = f
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(2, len(parts))]
+        todo += imported(z.read(f).decode(), module, f.endswith("/__init__.py"))
+    missing = [m for m in KERNELS_OPS if f"sglang.kernels.ops.{m}" not in seen]
+    if missing:
+        sys.exit(f"sglang.kernels.ops of this wheel lacks {missing}: update KERNELS_OPS")
+    return sorted(set(seen.values()))
+
 
 HEADER = "# Stub written by sgljit's benchmarks/fetch_sglang_jit.sh from {wheel}.\n"
 
@@ -199,6 +259,8 @@ with zipfile.ZipFile(wheel) as z:
     tree = sorted(n for n in names if n.startswith(spec["tree"]) and not n.endswith("/"))
     if not tree:
         sys.exit(f"{wheel.name} has neither sglang/kernels/jit/ nor sglang/jit_kernel/")
+    if layout == "kernels":
+        tree = sorted(set(tree) | set(kernels_closure(z, names)))
     for n in tree + spec["verbatim"]:
         if n not in names:
             sys.exit(f"{wheel.name} lacks {n}")
@@ -221,12 +283,13 @@ with zipfile.ZipFile(wheel) as z:
 size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
 (out / "SOURCE.txt").write_text(
     f"wheel: {wheel.name}\nsha256: {digest}\nlayout: {layout}\n"
-    f"extracted: {spec['tree']}** ({len(tree)} files)\n"
+    f"extracted: {spec['tree']}**" + (" and the ops' imports" if layout == "kernels" else "")
+    + f" ({len(tree)} files)\n"
     "verbatim: " + ", ".join(spec["verbatim"]) + "\n"
     "stubs: " + ", ".join(stubs) + "\n"
     f"bytes: {size}\n"
 )
-print(f"   layout {layout}: {len(tree)} files of {spec['tree']}, {len(spec['verbatim'])} verbatim "
+print(f"   layout {layout}: {len(tree)} files, {len(spec['verbatim'])} verbatim "
       f"modules, {len(stubs)} stubs, {size / 1e6:.1f} MB")
 PY
 
