@@ -5,7 +5,8 @@ apache-tvm-ffi, shipped as Python and C++/CUDA sources inside the sglang wheels.
 ``benchmarks/fetch_sglang_jit.sh`` extracts them (with the few modules they import, some stubbed)
 into ``.whl/sglang_jit`` at the repo root; ``SGLANG_JIT_PATH`` points elsewhere. Nothing is
 installed: the folder goes first on ``sys.path`` when a loader runs. Kernels compile on first use
-(tvm-ffi's own cache, ``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``) for the visible GPU.
+for the visible GPU, into sglang's cache (0.5.23: ``SGLANG_JIT_CACHE_DIR``, default
+``~/.cache/sglang/jit``; 0.5.13: tvm-ffi's, ``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``).
 
 Two layouts, told apart by the fetched tree (:func:`layout`): sglang 0.5.23 and later ship
 ``sglang.kernels`` (public functions in ``ops/<area>/*.py`` over ``jit/``, and msgspec needed at
@@ -529,10 +530,10 @@ def load_act_and_mul(act: str) -> Fn:
 def load_silu_and_mul_quant_fp8() -> Fn:
     """SiLU-and-mul fused with per-token-group (128) e4m3 quantization into ``out`` (fp8) and
     ``scales`` (fp32, row-major). 0.5.23: ``per_token_group_quant(x, out, scales, 128,
-    fuse_silu_and_mul=True, silu_and_mul_mode="dense")``: fp32 SiLU and multiply, one round to the
-    input dtype, then quantize (as sgljit does), bf16/fp16. 0.5.13: DeepSeek-V4's
-    ``dsv4.moe.silu_and_mul_contig_post_quant(x, out, scales, 128)``, bf16 only, d at most 8192
-    (one block a row; larger d fails). Both: scale ``max(absmax, 1e-10) / 448``, and sglang's
+    fuse_silu_and_mul=True, silu_and_mul_mode="dense")``: fp32 SiLU and multiply, rounded once to
+    the input dtype, then quantized (sgljit quantizes the fp32 product unrounded), bf16/fp16.
+    0.5.13: DeepSeek-V4's ``dsv4.moe.silu_and_mul_contig_post_quant(x, out, scales, 128)``, bf16
+    only, d at most 8192 (one block a row; larger d fails). Both: scale ``max(absmax, 1e-10) / 448``, and sglang's
     codes may differ from sgljit's by one step where it multiplies by the reciprocal."""
     f = resolve("silu_and_mul_per_token_group_quant_fp8")
     if layout() == "kernels":
