@@ -9,11 +9,13 @@ Providers: sgljit; torch eager and torch.compile of the same formula (``act(gate
 up.float()``, rounded once); Liger's SwiGLU (``LigerSiLUMulFunction``) and GEGLU
 (``LigerGELUMulFunction``, GELU's tanh form; Liger has no erf form), which take gate and up as two
 tensors, as Liger's MLPs compute them (``prepare`` splits each input copy into two contiguous
-tensors, untimed: the same bytes); sglang's jit_kernel ("sglang-jit", benchmarks/sglang_provider.py:
+tensors, untimed: the same bytes); sglang's JIT kernels ("sglang-jit", benchmarks/sglang_provider.py:
 ``activation.<act>_and_mul``). The fused op: sgljit, the same formulas in torch and torch.compile
 (quant_fp8's per-token-group formulas on the float32 product), "sgljit-unfused" (sgljit's
 silu_and_mul in bf16, then its per_token_group_quant_fp8: the pair the fused op replaces) and
-sglang-jit's DeepSeek-V4 ``silu_and_mul_contig_post_quant`` (bf16 -> e4m3, group 128, d <= 8192).
+sglang-jit's fused kernel: from 0.5.23 ``per_token_group_quant(..., fuse_silu_and_mul=True,
+silu_and_mul_mode="dense")``, in 0.5.13 DeepSeek-V4's ``silu_and_mul_contig_post_quant`` (bf16 ->
+e4m3, group 128, d <= 8192).
 
 Shapes, --grid default: d = 14336 (Llama-3-8B / Mistral-7B) at T in TOKENS, and MoE experts' 768 and
 2048 at a few T; the fused op at DeepSeek-V3's 2048 (MoE expert) and 18432 (dense). --grid models:

@@ -696,6 +696,19 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
     def group_quant():
         return quant() | {"scales": torch.empty(1, 4096 // 128, device=dev)}
 
+    def act_inputs(d: int = 14336, quant: bool = False):
+        """One token of a gated MLP (Llama-3-8B's 14336; DeepSeek-V3's expert 2048 for the fp8 form)."""
+        if quant:
+            return {
+                "x": randn(1, 2 * d),
+                "out": torch.empty(1, d, dtype=fp8, device=dev),
+                "scales": torch.empty(1, d // 128, device=dev),
+            }
+        return {"x": randn(1, 2 * d), "out": torch.empty(1, d, dtype=bf16, device=dev)}
+
+    def act_call(f):
+        return lambda i: f(i["x"], out=i["out"])
+
     def timestep(out=True):
         i = {"t": torch.rand(1, device=dev) * 1000, "dim": 256}
         return i | ({"out": torch.empty(1, 256, dtype=torch.float32, device=dev)} if out else {})
@@ -837,7 +850,7 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
             "sgljit": lambda o: (
                 lambda i, f=o.rmsnorm_quant_fp8: f(i["x"], i["w"], i["scale"], eps, out=i["out"])
             ),
-            "sglang_na": "sglang's jit_kernel has no norm->fp8 op",
+            "sglang_na": "sglang's JIT kernels have no norm->fp8 op",
         },
         {
             "op": "rmsnorm_quant_fp8 1×4096, per token, out= and scales= given",
@@ -868,7 +881,27 @@ def _eager_specs(dev: str = "cuda") -> list[dict]:
                 )
             ),
             "sglang": lambda: sj.load_qknorm_rope(eps),
-            "note": "sglang: diffusion.qknorm_rope.fused_inplace_qknorm_rope",
+            "note": "sglang: fused_inplace_qknorm_rope (0.5.23: diffusion.rope.qknorm_rope_jit)",
+        },
+        *(
+            {
+                "op": f"{act}_and_mul 1×(2×14336), out= given",
+                "inputs": lambda: act_inputs(),
+                "sgljit": lambda o, act=act: act_call(getattr(o, f"{act}_and_mul")),
+                "sglang": lambda act=act: sj.load_act_and_mul(act),
+            }
+            for act in ("silu", "gelu", "gelu_tanh")
+        ),
+        {
+            "op": "silu_and_mul_per_token_group_quant_fp8 1×(2×2048), g128, out= and scales= given",
+            "inputs": lambda: act_inputs(2048, quant=True),
+            "sgljit": lambda o: (
+                lambda i, f=o.silu_and_mul_per_token_group_quant_fp8: f(
+                    i["x"], 128, out=i["out"], scales=i["scales"]
+                )
+            ),
+            "sglang": sj.load_silu_and_mul_quant_fp8,
+            "note": "sglang 0.5.23: per_token_group_quant(fuse_silu_and_mul=True, dense)",
         },
         {
             "op": "timestep_embedding B=1 dim=256 fp32, out= given",
@@ -1066,7 +1099,8 @@ def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tupl
     lines = [
         title,
         "",
-        f"- sglang-jit: sglang {version or 'not fetched'} jit_kernel "
+        f"- sglang-jit: sglang {version or 'not fetched'} JIT kernels, called under "
+        "inference_mode "
         f"(benchmarks/sglang_provider.py); target: ≤ {TARGET_EAGER_US:g} µs per call, and never "
         "slower than sglang's",
         f"- best of 7 rounds of {calls} back-to-back eager calls, wall time per call (launches "
@@ -1103,7 +1137,9 @@ def bench_eager(calls: int, dev: str = "cuda", only: Sequence[str] = ()) -> tupl
             contestants.append((_raiser(spec["sglang_na"], ""), None, contextlib.nullcontext))
         else:
             try:
-                contestants.append((spec["sglang"], _sglang_inputs(spec), contextlib.nullcontext))
+                # sglang's custom-op fast path needs grad off, as sgljit's does: its rounds run
+                # under inference_mode, as sglang's server calls it
+                contestants.append((spec["sglang"], _sglang_inputs(spec), torch.inference_mode))
             except Exception as e:
                 contestants.append((_raiser(e, "failed"), None, contextlib.nullcontext))
         (ours, why), (served, served_why), (theirs, their_why) = _eager_times(

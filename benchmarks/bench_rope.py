@@ -16,9 +16,10 @@ Ops:
 - ``qknorm_rope``: per-head RMSNorm of q and k then rope, in place, q and k views into one qkv
   buffer (Qwen3 layers, rope base 1e6); also timed: sgljit ``qknorm`` then ``apply_rope`` (the
   unfused pair), torch.compile of the reference (out of place, same roundings), and sglang-jit's
-  two fused kernels: ``fused_qk_norm_rope`` (cos/sin computed, not read: fewer bytes than counted)
-  and ``fused_inplace_qknorm_rope`` (the same contract as sgljit's); both round once (see their
-  loaders).
+  fused kernels: ``fused_qk_norm_rope`` (cos/sin computed, not read: fewer bytes than counted),
+  ``fused_inplace_qknorm_rope`` (the same contract as sgljit's; both round once) and, from 0.5.23,
+  the Triton ``table_qk_norm_rope_`` on the qkv buffer (cos/sin read from the same table; neox and
+  full rotary only) (see their loaders).
 
 Shapes (bf16, fp32 cos_sin_cache), --grid default (the issue's shapes):
   apply_rope                 q 32 heads / k 8 heads x 128, neox and gptj, T in TOKENS
@@ -401,9 +402,13 @@ def ops(grid: str = "default") -> list[Op]:
                 sglang_jit.provider(
                     lambda: sglang_jit.load_fused_qk_norm_rope(EPS), sglang_jit.prepare_qkv_int32
                 ),
-                Provider(
-                    "sglang-jit fused_inplace_qknorm_rope",
+                sglang_jit.provider(
                     lambda: sglang_jit.load_qknorm_rope(EPS),
+                    name="sglang-jit fused_inplace_qknorm_rope",
+                ),
+                sglang_jit.provider(
+                    lambda: sglang_jit.load_table_qk_norm_rope(EPS),
+                    name="sglang-jit table_qk_norm_rope_",
                 ),
             ],
             floor=rope_floor,

@@ -25,10 +25,16 @@
 #   ceiling          measure the streaming ceiling alone (benchmarks/harness.py)
 #   bench:FAMILY     python3 benchmarks/bench_FAMILY.py      (bench:FAMILY:ARGS passes ARGS, split on
 #                    spaces: 'bench:norm:--tokens 1,65536 --providers sgljit,liger')
-#   grid:FAMILY      the family's models grid (every peer but torch eager, --precompile 12, --rep 10),
-#                    continued over calls: records in results/<gpu>/models_grid/FAMILY.json, which
-#                    --resume keeps (carry the file back into the tree between calls); with a step limit
-#                    ('@540:grid:norm') no case starts in its last 90 s
+#   build            sgljit build --backend cuda --cases --jobs 16: every declared module and every
+#                    check case's, in parallel (the tests and memcheck then only load them)
+#   grid:FAMILY      the family's models grid (every peer but torch eager, sglang-jit included,
+#                    --precompile 12, --rep 10), continued over calls: records in
+#                    results/<gpu>/models_grid/FAMILY.json, which --resume keeps (unpack
+#                    results.tar.gz into the tree between calls); with a step limit ('@540:grid:norm')
+#                    no case starts in its last 90 s
+#   grid:FAMILY:GRID the same for another grid of the family script (decode: results/<gpu>/decode_grid/)
+#   verdict          python3 benchmarks/verdict.py over every grid's records (results/<gpu>/*_grid/*.json)
+#                    into results/<gpu>/verdict.md; non-zero while a cell is behind
 #   jit              python3 benchmarks/bench_jit.py          (jit:ARGS likewise, e.g. 'jit:--repeats 3')
 #   check            sgljit check
 #   memcheck         compute-sanitizer --tool memcheck over every op's CUDA conformance cases (the
@@ -85,6 +91,8 @@ fi
 
 # ---- steps ---------------------------------------------------------------------------------
 declare -a NAMES=() STATUS=() SECS=()
+
+results_dir() { (cd benchmarks && python3 -c 'import harness; print(harness.results_dir())'); }
 
 pack() {
     if [[ -d benchmarks/results ]]; then
@@ -145,7 +153,7 @@ import importlib
 import sys
 
 print("python", sys.version.split()[0])
-for name in ("torch", "triton", "tvm_ffi", "liger_kernel", "sgljit", "matplotlib", "ninja"):
+for name in ("torch", "triton", "tvm_ffi", "liger_kernel", "sgljit", "matplotlib", "ninja", "msgspec"):
     try:
         mod = importlib.import_module(name)
         print(f"{name:14s} {getattr(mod, '__version__', '?'):24s} {getattr(mod, '__file__', '')}")
@@ -170,6 +178,8 @@ PY
     ls -l "$WHEELS"/
     echo "sglang-jit provider: $(head -1 "${SGLANG_JIT_PATH:-.whl/sglang_jit}/SOURCE.txt" 2>/dev/null ||
         echo 'not fetched (benchmarks/fetch_sglang_jit.sh)')"
+    echo "sglang compat suite: $(head -1 .whl/sglang_jit-0.5.13/SOURCE.txt 2>/dev/null ||
+        echo 'no .whl/sglang_jit-0.5.13 (SGLANG_VERSION=0.5.13 benchmarks/fetch_sglang_jit.sh .whl/sglang_jit-0.5.13)')"
     return "$install_rc"
 }
 
@@ -203,16 +213,25 @@ for step in "$@"; do
             fi
             ;;
         grid:*)
-            # A family's models grid over several calls: records in models_grid/FAMILY.json of the
-            # results folder (--resume times only what it lacks: carry it back into the tree between
+            # A family's grid over several calls: records in GRID_grid/FAMILY.json of the results
+            # folder (--resume times only what it lacks: carry it back into the tree between
             # calls); no case starts within 90 s of the step's limit, so the tables get written.
-            fam="${step#grid:}"
-            grid_dir="$(cd benchmarks && python3 -c 'import harness; print(harness.results_dir())')/models_grid"
+            spec="${step#grid:}"
+            fam="${spec%%:*}"
+            grid=models
+            [[ "$spec" == *:* ]] && grid="${spec#*:}"
+            grid_dir="$(results_dir)/${grid}_grid"
             mkdir -p "$grid_dir"
             budget=()
             [[ -n "$LIMIT" ]] && budget=(--budget "$((LIMIT - 90))")
-            run_step "$step" python3 "benchmarks/bench_${fam}.py" --grid models --without torch --precompile 12 \
+            run_step "$step" python3 "benchmarks/bench_${fam}.py" --grid "$grid" --without torch --precompile 12 \
                 --rep 10 --json "$grid_dir/$fam.json" --resume --out "$grid_dir" "${budget[@]}"
+            ;;
+        build) run_step "$step" sgljit build --backend cuda --cases --jobs 16 ;;
+        verdict)
+            run_step "$step" bash -c 'runs=("$1"/*_grid/*.json); [[ -e "${runs[0]}" ]] ||
+                { echo "no grid records in $1"; exit 2; }; python3 benchmarks/verdict.py "${runs[@]}" --out "$1/verdict.md"' \
+                _ "$(results_dir)"
             ;;
         jit) run_step "$step" python3 benchmarks/bench_jit.py ;;
         jit:*)

@@ -1,52 +1,71 @@
-"""sglang's ``jit_kernel`` as a benchmark provider, named ``sglang-jit``.
+"""sglang's JIT kernels as a benchmark provider, named ``sglang-jit``.
 
-sglang's jit_kernel is the system sgljit replaces: JIT-compiled CUDA kernels over apache-tvm-ffi,
-shipped as Python and C++/CUDA sources inside the sglang wheels. ``benchmarks/fetch_sglang_jit.sh``
-extracts it (with the few modules it imports, three of them stubbed) into ``.whl/sglang_jit`` at the
-repo root; ``SGLANG_JIT_PATH`` points elsewhere. Nothing is installed: the folder goes first on
-``sys.path`` when a loader runs. Its kernels compile on first use (tvm-ffi's own cache,
-``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``), for the visible GPU's architecture.
+sglang's JIT kernels are the system sgljit replaces: CUDA kernels compiled at first use over
+apache-tvm-ffi, shipped as Python and C++/CUDA sources inside the sglang wheels.
+``benchmarks/fetch_sglang_jit.sh`` extracts them (with the few modules they import, some stubbed)
+into ``.whl/sglang_jit`` at the repo root; ``SGLANG_JIT_PATH`` points elsewhere. Nothing is
+installed: the folder goes first on ``sys.path`` when a loader runs. Kernels compile on first use
+for the visible GPU, into sglang's cache (0.5.23: ``SGLANG_JIT_CACHE_DIR``, default
+``~/.cache/sglang/jit``; 0.5.13: tvm-ffi's, ``TVM_FFI_CACHE_DIR``, default ``~/.cache/tvm-ffi``).
+
+Two layouts, told apart by the fetched tree (:func:`layout`): sglang 0.5.23 and later ship
+``sglang.kernels`` (public functions in ``ops/<area>/*.py`` over ``jit/``, and msgspec needed at
+import); 0.5.13 and older ship ``sglang.jit_kernel``. :data:`OPS` maps each op to its module and
+function in both; an op a release lacks is reported ``missing``.
 
 Each ``load_*`` function returns ``fn(inputs)`` taking the inputs dict of the matching family script
 (keys as there), or raises with the reason, which the harness reports as ``missing: <reason>``:
 the tree is not there, there is no CUDA GPU (the kernels are CUDA only), or sglang has no such op.
-What is timed is what a user of sglang's public function must do for the same result; where that
-does more or different work than sgljit's op, the loader says so. ``prepare_*`` functions add the
-buffers sglang needs and sgljit does not (untimed, once per input copy).
+Every returned function runs under ``torch.inference_mode()`` (sglang's custom-op fast path needs
+grad off, as sgljit's kernels do). What is timed is what a user of sglang's public function must do
+for the same result; where that does more or different work than sgljit's op, the loader says so.
+``prepare_*`` functions add the buffers sglang needs and sgljit does not (untimed, once per copy).
 
-Calling conventions mapped (sglang 0.5.13), sgljit's op on the left:
+Calling conventions mapped, sgljit's op on the left (0.5.23 ``sglang.kernels.ops.``; where 0.5.13's
+``sglang.jit_kernel.`` differs, after "|"):
 
 =========================  =====================================================================
-rmsnorm                    norm.rmsnorm(input, weight, out=None, eps) -> None; out=None: in place
-fused_add_rmsnorm          norm.fused_add_rmsnorm(input, residual, weight, eps) -> None
-gemma_rmsnorm, gemma_fa..  none (sglang's gemma norms are in the AOT sgl_kernel package)
-qknorm                     norm.fused_inplace_qknorm(q, k, q_weight, k_weight, eps)
-qknorm_across_heads        norm.fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps)
-apply_rope                 rope.apply_rope_inplace(q, k, cos_sin_cache, positions, *, is_neox)
-apply_rope_with_kv_cache   rope.apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache,
-                           cos_sin_cache, positions, out_loc, *, is_neox)
-qknorm_rope                fused_qknorm_rope.fused_qk_norm_rope(qkv, Hq, Hk, Hv, D, eps, q_weight,
-                           k_weight, base, is_neox, position_ids, factor, low, high,
-                           attention_factor, rotary_dim) (cos/sin computed from base);
-                           diffusion.qknorm_rope.fused_inplace_qknorm_rope(q, k, q_weight,
-                           k_weight, cos_sin_cache, positions, *, is_neox, eps)
-per_tensor_quant_fp8       per_tensor_quant_fp8.per_tensor_quant_fp8(input, output_q, output_s,
-                           is_static) -> None; dynamic: output_s must be zeroed first
-per_token_quant_fp8        per_token_group_quant_8bit.per_token_group_quant_8bit(input, output_q,
-                           output_s, group_size=H, eps, fp8_min, fp8_max)
-per_token_group_quant_fp8  per_token_group_quant_8bit.per_token_group_quant_8bit(input, output_q,
-                           output_s, group_size, eps, fp8_min, fp8_max); output_s row- or
-                           column-major (picked from its strides)
-timestep_embedding         timestep_embedding.timestep_embedding(t, dim, flip_sin_to_cos,
-                           downscale_freq_shift, scale, max_period) -> new fp32 [B, dim]
-silu_and_mul (and gelus)   activation.silu_and_mul(input, out), gelu_and_mul, gelu_tanh_and_mul
-silu_and_mul_..._fp8       dsv4.silu_and_mul_contig_post_quant(input, output, output_scale, 128)
-                           (bf16 -> e4m3, row-major scales, d <= 8192)
+rmsnorm                    layernorm.norm.rmsnorm(input, weight, out=None, eps); out=None: in place
+fused_add_rmsnorm          layernorm.norm.fused_add_rmsnorm(input, residual, weight, eps, *,
+                           cast_x_before_out_mul=False) (False: sglang's default rounding)
+gemma_rmsnorm              layernorm.grouped_gemma_rmsnorm.grouped_gemma_rmsnorm(input, weight,
+                           group_size=hidden, eps, out) (hidden a multiple of 512) | none
+gemma_fused_add_rmsnorm    none (sglang's CUDA path takes it from the AOT sgl_kernel)
+qknorm                     layernorm.norm.fused_inplace_qknorm(q, k, q_weight, k_weight, eps)
+qknorm_across_heads        none in 0.5.23 | norm.fused_inplace_qknorm_across_heads(q, k, qw, kw, eps)
+apply_rope                 attention.rope.apply_rope_inplace(q, k, cos_sin_cache, positions, *,
+                           is_neox)
+apply_rope_with_kv_cache   attention.rope.apply_rope_inplace_with_kvcache(q, k, v, k_cache,
+                           v_cache, cos_sin_cache, positions, out_loc, *, is_neox)
+qknorm_rope, cos/sin from  attention.fused_qknorm_rope.fused_qk_norm_rope(qkv, Hq, Hk, Hv, D, eps,
+the rope base              qw, kw, base, is_neox, position_ids, factor, low, high,
+                           attention_factor, rotary_dim) | fused_qknorm_rope.fused_qk_norm_rope
+qknorm_rope, cos/sin table diffusion.rope.qknorm_rope_jit.fused_inplace_qknorm_rope(q, k, qw, kw,
+                           cos_sin_cache, positions, *, is_neox, eps) | diffusion.qknorm_rope;
+                           and (0.5.23, Triton) attention.table_qk_norm_rope.table_qk_norm_rope_(
+                           qkv, positions, qw, kw, cos_sin_cache, Hq, Hk, D, eps) (neox, bf16)
+per_tensor_quant_fp8       quantization.per_tensor_quant_fp8.per_tensor_quant_fp8(input, output_q,
+                           output_s, is_static); dynamic: output_s must be zeroed first
+per_token_quant_fp8        quantization.per_token_quant_fp8.per_token_quant_fp8(input, output_q,
+                           output_s) | per_token_group_quant_8bit(input, output_q, output_s,
+                           group_size=H, eps, fp8_min, fp8_max)
+per_token_group_quant_fp8  quantization.per_token_group_quant.per_token_group_quant(input,
+                           output_q, output_s, group_size) | per_token_group_quant_8bit(...);
+                           output_s row- or column-major (picked from its strides)
+silu_and_mul_per_token_    quantization.per_token_group_quant.per_token_group_quant(input,
+group_quant_fp8            output_q, output_s, 128, fuse_silu_and_mul=True,
+                           silu_and_mul_mode="dense") | dsv4.moe.silu_and_mul_contig_post_quant(
+                           input, output, output_scale, 128)
+timestep_embedding         diffusion.modulate.timestep_embedding_jit.timestep_embedding(t, dim,
+                           flip_sin_to_cos, downscale_freq_shift, scale, max_period) -> new fp32
+                           | timestep_embedding.timestep_embedding
+silu_and_mul (and gelus)   activation.activation.silu_and_mul(input, out), gelu_and_mul,
+                           gelu_tanh_and_mul (the CUDA backend of ops.activation's dispatcher)
 =========================  =====================================================================
 
-The rope and fp8 ops are registered by sglang as torch custom ops (``torch.ops.sglang.*``) and
-their public names are those ops, so an eager call goes through the torch dispatcher; the norm,
-per-token and timestep functions are plain Python functions.
+The rope, fp8 and activation ops are registered by sglang as torch custom ops
+(``torch.ops.sglang.*``) and their public names are those ops, so an eager call goes through the
+torch dispatcher; the norm and timestep functions are plain Python functions.
 """
 
 from __future__ import annotations
@@ -73,6 +92,81 @@ Inputs = dict[str, Any]
 Fn = Callable[[Inputs], Any]
 
 
+# Each op's module and function per layout (module relative to sglang.kernels.ops / sglang.jit_kernel);
+# None: that release has no such op, with the reason.
+OPS: dict[str, dict[str, tuple[str, str] | str]] = {
+    "rmsnorm": {"kernels": ("layernorm.norm", "rmsnorm"), "jit_kernel": ("norm", "rmsnorm")},
+    "fused_add_rmsnorm": {
+        "kernels": ("layernorm.norm", "fused_add_rmsnorm"),
+        "jit_kernel": ("norm", "fused_add_rmsnorm"),
+    },
+    "gemma_rmsnorm": {
+        "kernels": ("layernorm.grouped_gemma_rmsnorm", "grouped_gemma_rmsnorm"),
+        "jit_kernel": "gemma rmsnorm (sglang's gemma_rmsnorm is in the AOT sgl_kernel)",
+    },
+    "gemma_fused_add_rmsnorm": {
+        "kernels": "gemma fused_add_rmsnorm (sglang's CUDA path takes it from the AOT sgl_kernel)",
+        "jit_kernel": "gemma fused_add_rmsnorm (sglang's gemma norms are in the AOT sgl_kernel)",
+    },
+    "qknorm": {
+        "kernels": ("layernorm.norm", "fused_inplace_qknorm"),
+        "jit_kernel": ("norm", "fused_inplace_qknorm"),
+    },
+    "qknorm_across_heads": {
+        "kernels": "qknorm across heads (removed in sglang 0.5.23)",
+        "jit_kernel": ("norm", "fused_inplace_qknorm_across_heads"),
+    },
+    "apply_rope": {
+        "kernels": ("attention.rope", "apply_rope_inplace"),
+        "jit_kernel": ("rope", "apply_rope_inplace"),
+    },
+    "apply_rope_with_kv_cache": {
+        "kernels": ("attention.rope", "apply_rope_inplace_with_kvcache"),
+        "jit_kernel": ("rope", "apply_rope_inplace_with_kvcache"),
+    },
+    "fused_qk_norm_rope": {
+        "kernels": ("attention.fused_qknorm_rope", "fused_qk_norm_rope"),
+        "jit_kernel": ("fused_qknorm_rope", "fused_qk_norm_rope"),
+    },
+    "qknorm_rope": {
+        "kernels": ("diffusion.rope.qknorm_rope_jit", "fused_inplace_qknorm_rope"),
+        "jit_kernel": ("diffusion.qknorm_rope", "fused_inplace_qknorm_rope"),
+    },
+    "table_qk_norm_rope": {
+        "kernels": ("attention.table_qk_norm_rope", "table_qk_norm_rope_"),
+        "jit_kernel": "cos/sin-table qknorm+rope on the qkv buffer (new in sglang 0.5.23)",
+    },
+    "per_tensor_quant_fp8": {
+        "kernels": ("quantization.per_tensor_quant_fp8", "per_tensor_quant_fp8"),
+        "jit_kernel": ("per_tensor_quant_fp8", "per_tensor_quant_fp8"),
+    },
+    "per_token_quant_fp8": {
+        "kernels": ("quantization.per_token_quant_fp8", "per_token_quant_fp8"),
+        "jit_kernel": ("per_token_group_quant_8bit", "per_token_group_quant_8bit"),
+    },
+    "per_token_group_quant_fp8": {
+        "kernels": ("quantization.per_token_group_quant", "per_token_group_quant"),
+        "jit_kernel": ("per_token_group_quant_8bit", "per_token_group_quant_8bit"),
+    },
+    "silu_and_mul_per_token_group_quant_fp8": {
+        "kernels": ("quantization.per_token_group_quant", "per_token_group_quant"),
+        "jit_kernel": ("dsv4.moe", "silu_and_mul_contig_post_quant"),
+    },
+    "timestep_embedding": {
+        "kernels": ("diffusion.modulate.timestep_embedding_jit", "timestep_embedding"),
+        "jit_kernel": ("timestep_embedding", "timestep_embedding"),
+    },
+    **{
+        f"{act}_and_mul": {
+            "kernels": ("activation.activation", f"{act}_and_mul"),
+            "jit_kernel": ("activation", f"{act}_and_mul"),
+        }
+        for act in ("silu", "gelu", "gelu_tanh")
+    },
+}
+PACKAGES = {"kernels": "sglang.kernels.ops", "jit_kernel": "sglang.jit_kernel"}
+
+
 def path() -> Path:
     """The fetched tree: ``$SGLANG_JIT_PATH``, else ``.whl/sglang_jit`` at the repo root."""
     given = os.environ.get("SGLANG_JIT_PATH")
@@ -96,32 +190,79 @@ def version() -> str | None:
     return m.group(1) if m else "unknown"
 
 
-def jit_module(name: str):
-    """``sglang.jit_kernel.<name>`` imported from the fetched tree; raises with the reason."""
-    root = path()
-    if not (root / "sglang" / "jit_kernel").is_dir():
+def layout() -> str | None:
+    """The fetched tree's layout: ``"kernels"`` (sglang.kernels, 0.5.23 and later), ``"jit_kernel"``
+    (0.5.13 and older), or None when there is no tree."""
+    root = path() / "sglang"
+    if (root / "kernels" / "jit").is_dir():
+        return "kernels"
+    if (root / "jit_kernel").is_dir():
+        return "jit_kernel"
+    return None
+
+
+def resolve(op: str, *, need_gpu: bool = True) -> Callable[..., Any]:
+    """sglang's function for ``op`` (a key of :data:`OPS`) imported from the fetched tree; raises
+    with the reason: no tree, no CUDA GPU (unless ``need_gpu`` is False: the kernels' modules
+    import without one and fail only when a kernel is called), or no such op in this release."""
+    kind = layout()
+    if kind is None:
         raise FileNotFoundError(
-            f"no sglang jit_kernel in {_shown(root)} (run {FETCH}, or set SGLANG_JIT_PATH)"
+            f"no sglang kernels in {_shown(path())} (run {FETCH}, or set SGLANG_JIT_PATH)"
         )
-    if not torch.cuda.is_available():
-        raise RuntimeError("sglang's jit_kernel is CUDA only and no CUDA GPU is visible")
+    if need_gpu and not torch.cuda.is_available():
+        raise RuntimeError("sglang's JIT kernels are CUDA only and no CUDA GPU is visible")
+    where = OPS[op][kind]
+    if isinstance(where, str):
+        raise NotImplementedError(f"sglang {version()} has no {where}")
+    module, name = where
+    return getattr(_import(f"{PACKAGES[kind]}.{module}"), name)
+
+
+def _import(name: str):
+    root = path()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    module = importlib.import_module(f"sglang.jit_kernel.{name}")
+    if name == "sglang.jit_kernel.dsv4.moe":
+        _enter_without_init("sglang.jit_kernel.dsv4")
+    module = importlib.import_module(name)
     origin = Path(sys.modules["sglang"].__file__).resolve().parent.parent
     if origin != root:
         raise ImportError(f"sglang was already imported from {origin}, not from {_shown(root)}")
     return module
 
 
-def provider(load: Callable[[], Fn], prepare: Callable[[Inputs], Inputs] | None = None) -> Provider:
-    """The harness provider ``sglang-jit`` for one loader."""
-    return Provider(NAME, load, prepare)
+def _enter_without_init(package: str) -> None:
+    """0.5.13's ``sglang.jit_kernel.dsv4``: its ``__init__`` imports sglang's server (absent from the
+    fetched tree), so the package is entered without running it; dsv4/moe.py itself needs only
+    ``jit_kernel.utils`` and the package's ``utils``."""
+    import types
+
+    importlib.import_module("sglang.jit_kernel.utils")
+    if package not in sys.modules:
+        module = types.ModuleType(package)
+        module.__path__ = [str(path() / Path(*package.split(".")))]
+        sys.modules[package] = module
 
 
-def _absent(module: str, what: str, where: str) -> Fn:
-    jit_module(module)  # a missing tree or GPU is the reason first
-    raise NotImplementedError(f"sglang's jit_kernel has no {what} ({where})")
+def provider(
+    load: Callable[[], Fn],
+    prepare: Callable[[Inputs], Inputs] | None = None,
+    name: str = NAME,
+) -> Provider:
+    """The harness provider ``sglang-jit`` (or ``name``, for a second sglang kernel of one op) for
+    one loader; the loaded function runs under ``torch.inference_mode()``."""
+
+    def load_inference_mode() -> Fn:
+        fn = load()
+
+        def call(i: Inputs):
+            with torch.inference_mode():
+                return fn(i)
+
+        return call
+
+    return Provider(name, load_inference_mode, prepare)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -133,7 +274,7 @@ def load_rmsnorm(eps: float = 1e-6) -> Fn:
     normalizes ``x`` in place (its ``out=None`` means ``out = input``), where sgljit's rmsnorm
     without ``out`` allocates a new tensor. input ``[N, D]`` (2-D, last dim contiguous), D in
     {64, 128, 256} or a multiple of 256 up to 16384."""
-    f = jit_module("norm").rmsnorm
+    f = resolve("rmsnorm")
     return lambda i: f(i["x"], i["w"], i.get("out"), eps)
 
 
@@ -141,25 +282,29 @@ def load_fused_add_rmsnorm(eps: float = 1e-6) -> Fn:
     """``fused_add_rmsnorm(x, r, w, eps)``, in place like sgljit's (residual <- x + r, x <-
     rmsnorm(residual)). Same traffic; numerics differ slightly: sglang takes the sum of squares of
     the fp32 sum and normalizes the sum rounded to the dtype. Needs contiguous rows and hidden
-    <= 8192 (12288 where the GPU has 32-byte vector loads); larger hidden sizes fail."""
-    f = jit_module("norm").fused_add_rmsnorm
+    <= 8192 (12288 where the GPU has 32-byte vector loads); larger hidden sizes fail. 0.5.23's
+    ``cast_x_before_out_mul`` (round the normalized sum to the dtype before the weight multiply,
+    as HF's Llama does) is left at sglang's default, False: one rounding, after the multiply."""
+    f = resolve("fused_add_rmsnorm")
     return lambda i: f(i["x"], i["r"], i["w"], eps)
 
 
 def load_gemma_rmsnorm(eps: float = 1e-6) -> Fn:
-    return _absent("norm", "gemma rmsnorm", "sglang's gemma_rmsnorm is in the AOT sgl_kernel")
+    """0.5.23's ``grouped_gemma_rmsnorm(x, w, group_size=hidden, eps, out)``: one group spanning the
+    row is a plain Gemma RMSNorm (``x * rsqrt(mean(x^2) + eps) * (1 + w)``) into
+    ``inputs["out"]`` (allocated when absent); bf16/fp16, hidden a multiple of 512 (others fail)."""
+    f = resolve("gemma_rmsnorm")
+    return lambda i: f(i["x"], i["w"], i["x"].shape[-1], eps, i.get("out"))
 
 
 def load_gemma_fused_add_rmsnorm(eps: float = 1e-6) -> Fn:
-    return _absent(
-        "norm", "gemma fused_add_rmsnorm", "sglang's gemma norms are in the AOT sgl_kernel"
-    )
+    return resolve("gemma_fused_add_rmsnorm")  # raises: no JIT kernel in any release
 
 
 def load_qknorm(eps: float = 1e-6) -> Fn:
     """``fused_inplace_qknorm(q, k, qw, kw, eps)``: q ``[T, Hq, D]``, k ``[T, Hk, D]`` in place
     (strided rows allowed), one weight ``[D]`` each; D in {64, 128, 256, 512, 1024}."""
-    f = jit_module("norm").fused_inplace_qknorm
+    f = resolve("qknorm")
     return lambda i: f(i["q"], i["k"], i["qw"], i["kw"], eps)
 
 
@@ -167,7 +312,7 @@ def load_qknorm_across_heads(eps: float = 1e-6) -> Fn:
     """``fused_inplace_qknorm_across_heads(q, k, qw, kw, eps)``, in place over whole rows. Unlike
     sgljit's, q and k must have the *same* width and contiguous rows: a GQA shape (q 4096, k 1024
     wide) or views into a fused qkv buffer are refused by its checks (reported as failed)."""
-    f = jit_module("norm").fused_inplace_qknorm_across_heads
+    f = resolve("qknorm_across_heads")
     return lambda i: f(i["q"], i["k"], i["qw"], i["kw"], eps)
 
 
@@ -179,7 +324,7 @@ def load_apply_rope() -> Fn:
     """``apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox=...)``: q ``[T, Hq, D]`` and
     k ``[T, Hk, D]`` rotated in place, fp32 cache ``[max_pos, rope_dim]`` (cos | sin), int32/int64
     positions; the rope dim is the cache's width (compiled in). Same work as sgljit's."""
-    f = jit_module("rope").apply_rope_inplace
+    f = resolve("apply_rope")
     return lambda i: f(i["q"], i["k"], i["cache"], i["pos"], is_neox=i["is_neox"])
 
 
@@ -206,7 +351,7 @@ def load_apply_rope_with_kv_cache() -> Fn:
     More work than sgljit's: sglang also writes the rotated k back into ``k`` (k is rotated in place
     *and* stored), where sgljit leaves k untouched and only stores it: T x Hk x D more elements
     written per call, which the family's byte count (sgljit's contract) does not include."""
-    f = jit_module("rope").apply_rope_inplace_with_kvcache
+    f = resolve("apply_rope_with_kv_cache")
     return lambda i: f(
         i["q"], i["k"], i["v"], i["k_cache"], i["v_cache"], i["cache"], i["pos"], i["loc"],
         is_neox=True,
@@ -232,7 +377,7 @@ def load_fused_qk_norm_rope(eps: float = 1e-6) -> Fn:
     less than the family's byte count, and its angles are fast-math ones; it rounds once, after the
     rotation (sgljit rounds the normalized head too, as qknorm then apply_rope do). No bounds on
     positions."""
-    f = jit_module("fused_qknorm_rope").fused_qk_norm_rope
+    f = resolve("fused_qk_norm_rope")
 
     def fn(i):
         d = i["q"].shape[-1]
@@ -250,10 +395,27 @@ def load_qknorm_rope(eps: float = 1e-6) -> Fn:
     positions, in place), bf16/fp16, head_dim 64/128/256. A warp a head (8-byte accesses at 128),
     a persistent grid; rounds once, after the rotation (sgljit also rounds the normalized head, as
     qknorm then apply_rope do); no bounds check on positions."""
-    f = jit_module("diffusion.qknorm_rope").fused_inplace_qknorm_rope
+    f = resolve("qknorm_rope")
     return lambda i: f(
         i["q"], i["k"], i["qw"], i["kw"], i["cache"], i["pos"], is_neox=i["is_neox"], eps=eps
     )
+
+
+def load_table_qk_norm_rope(eps: float = 1e-6) -> Fn:
+    """0.5.23's ``table_qk_norm_rope_(qkv, pos, qw, kw, cache, Hq, Hk, D, eps)`` (Triton): RMSNorm
+    and neox rope of q and k in place in the fused qkv buffer, cos/sin read from the same fp32 cache
+    as sgljit's (full rotary only: the cache as wide as the head). A program per (token, head),
+    bf16 only; rounds the normalized head to bf16 before the rotation, as sgljit does. No bounds
+    check on positions; GPT-J (interleaved) rope is refused here, as sglang has none."""
+    f = resolve("table_qk_norm_rope")
+
+    def fn(i):
+        d = i["q"].shape[-1]
+        if not i["is_neox"] or i["cache"].shape[-1] != d:
+            raise ValueError("table_qk_norm_rope_: neox rope over the whole head only")
+        return f(i["qkv"], i["pos"], i["qw"], i["kw"], i["cache"], i["hq"], i["hk"], d, eps)
+
+    return fn
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,7 +426,7 @@ def load_per_tensor_quant_fp8_static() -> Fn:
     """``per_tensor_quant_fp8(x, out, scale, is_static=True)``: ``out = clip(x * (1 / scale))``
     (a multiply by the reciprocal, where sgljit divides: results may differ by one fp8 step).
     Contiguous input (it is viewed 1-D); e4m3 output only. Same traffic as sgljit's."""
-    f = jit_module("per_tensor_quant_fp8").per_tensor_quant_fp8
+    f = resolve("per_tensor_quant_fp8")
     return lambda i: f(i["x"], i["out"], i["scale"], True)
 
 
@@ -283,7 +445,7 @@ def load_per_tensor_quant_fp8_dynamic() -> Fn:
     (reads x) and quantize (reads x again). Scale ``absmax / 448`` with no lower bound (sgljit's
     is at least 2^-126; an all-zero input gives sglang a scale of 0, then 1 / 0); quantize
     multiplies by the reciprocal. Needs :func:`prepare_dynamic_scale`."""
-    f = jit_module("per_tensor_quant_fp8").per_tensor_quant_fp8
+    f = resolve("per_tensor_quant_fp8")
 
     def fn(i):
         s = i["sglang_scale"]
@@ -300,14 +462,15 @@ def prepare_per_token_scales(i: Inputs) -> Inputs:
 
 
 def load_per_token_quant_fp8(eps: float = PER_TOKEN_EPS) -> Fn:
-    """``per_token_group_quant_8bit(x, out, scales, group_size=H, eps, -448, 448)``: sglang's
-    jit_kernel has per-token-*group* quantization only, so one group spans the row.
-
-    Its kernel gives each group 16 threads and reads the group twice (absmax, then quantize).
-    Scale ``max(absmax, eps) / 448`` with sglang's default eps 1e-10 (sgljit: ``max(absmax / 448,
-    2^-126)``); x / scale like sgljit. Row-major contiguous ``[T, H]`` with H a multiple of 8.
-    Needs :func:`prepare_per_token_scales`."""
-    f = jit_module("per_token_group_quant_8bit").per_token_group_quant_8bit
+    """0.5.23: ``per_token_quant_fp8(x, out, scales)``, sglang's per-token kernel (compiled with
+    ``--use_fast_math`` on sm_90). 0.5.13 has per-token-*group* quantization only:
+    ``per_token_group_quant_8bit(x, out, scales, group_size=H, eps, -448, 448)``, one group spanning
+    the row (16 threads a group, the group read twice; scale ``max(absmax, eps) / 448`` with
+    sglang's default eps 1e-10, where sgljit's is ``max(absmax / 448, 2^-126)``). Row-major
+    contiguous ``[T, H]``. Needs :func:`prepare_per_token_scales`."""
+    f = resolve("per_token_quant_fp8")
+    if layout() == "kernels":
+        return lambda i: f(i["x"], i["out"], i["sglang_scales"])
 
     def fn(i):
         x = i["x"]
@@ -317,18 +480,16 @@ def load_per_token_quant_fp8(eps: float = PER_TOKEN_EPS) -> Fn:
 
 
 def load_per_token_group_quant_fp8(eps: float = PER_TOKEN_EPS, group_size: int = 128) -> Fn:
-    """``per_token_group_quant_8bit(x, out, scales, group_size, eps, -448, 448)`` into the inputs'
-    ``out`` and ``scales`` (fp32 ``[T, H / group_size]``, row-major or column-major: its kernel
-    picks the layout from the strides, the column stride ``scales.stride(1)``). Same traffic as
-    sgljit's: 16 threads a group, the group read twice (the second from L1/L2). Scale ``max(absmax,
-    eps) / 448`` (sgljit: ``max(absmax / 448, eps)``; equal unless absmax < 448 * eps), NaNs
-    skipped by its max; x / scale like sgljit. Contiguous ``[T, H]`` input only."""
-    f = jit_module("per_token_group_quant_8bit").per_token_group_quant_8bit
-
-    def fn(i):
-        return f(i["x"], i["out"], i["scales"], group_size, eps, -FP8_MAX, FP8_MAX)
-
-    return fn
+    """Into the inputs' ``out`` and ``scales`` (fp32 ``[T, H / group_size]``, row-major or
+    column-major: the kernel picks the layout from the strides). 0.5.23:
+    ``per_token_group_quant(x, out, scales, group_size)`` (its eps is fixed: ``eps`` is not
+    passed); 0.5.13: ``per_token_group_quant_8bit(x, out, scales, group_size, eps, -448, 448)``.
+    Same traffic as sgljit's. Scale ``max(absmax, eps) / 448`` (sgljit: ``max(absmax / 448,
+    eps)``; equal unless absmax < 448 * eps); x / scale like sgljit. Contiguous ``[T, H]`` only."""
+    f = resolve("per_token_group_quant_fp8")
+    if layout() == "kernels":
+        return lambda i: f(i["x"], i["out"], i["scales"], group_size)
+    return lambda i: f(i["x"], i["out"], i["scales"], group_size, eps, -FP8_MAX, FP8_MAX)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -342,7 +503,7 @@ def load_timestep_embedding(flip_sin_to_cos: bool = False, downscale_freq_shift:
     is cast with ``.to(dtype)``: an extra kernel, and the embedding written in fp32 then read
     again, where sgljit writes the narrow dtype once. The returned tensor is not copied into
     ``out`` (sgljit writes there)."""
-    f = jit_module("timestep_embedding").timestep_embedding
+    f = resolve("timestep_embedding")
 
     def fn(i):
         y = f(i["t"], i["dim"], flip_sin_to_cos, downscale_freq_shift)
@@ -362,30 +523,21 @@ def load_act_and_mul(act: str) -> Fn:
     sgljit's (fp32 math, one rounding), compiled with ``--use_fast_math`` on sm_90 (sglang's
     policy: fast ``expf``, ``erff``, ``tanhf`` and division). One 16-byte vector a thread, 256-thread
     blocks, a flat grid; needs contiguous rows and d a multiple of 16 bytes."""
-    f = getattr(jit_module("activation"), f"{act}_and_mul")
+    f = resolve(f"{act}_and_mul")
     return lambda i: f(i["x"], i["out"])
 
 
 def load_silu_and_mul_quant_fp8() -> Fn:
-    """``dsv4.silu_and_mul_contig_post_quant(x, out, scales, 128)``: DeepSeek-V4's fused SiLU-and-mul
-    with per-token-group (128) e4m3 quantization, bf16 only, row-major scales, contiguous rows and d
-    at most 8192 (one block a row, a thread per 8 columns; larger d fails). Different numerics:
-    fast math, scale ``max(absmax, 1e-10) / 448``, codes ``y * (1 / scale)`` (a reciprocal
-    multiply, where sgljit divides: codes may differ by one step)."""
-    f = _dsv4_moe().silu_and_mul_contig_post_quant
+    """SiLU-and-mul fused with per-token-group (128) e4m3 quantization into ``out`` (fp8) and
+    ``scales`` (fp32, row-major). 0.5.23: ``per_token_group_quant(x, out, scales, 128,
+    fuse_silu_and_mul=True, silu_and_mul_mode="dense")``: fp32 SiLU and multiply, rounded once to
+    the input dtype, then quantized (sgljit quantizes the fp32 product unrounded), bf16/fp16.
+    0.5.13: DeepSeek-V4's ``dsv4.moe.silu_and_mul_contig_post_quant(x, out, scales, 128)``, bf16
+    only, d at most 8192 (one block a row; larger d fails). Both: scale ``max(absmax, 1e-10) / 448``, and sglang's
+    codes may differ from sgljit's by one step where it multiplies by the reciprocal."""
+    f = resolve("silu_and_mul_per_token_group_quant_fp8")
+    if layout() == "kernels":
+        return lambda i: f(
+            i["x"], i["out"], i["scales"], 128, fuse_silu_and_mul=True, silu_and_mul_mode="dense"
+        )
     return lambda i: f(i["x"], i["out"], i["scales"], 128)
-
-
-def _dsv4_moe():
-    """``sglang.jit_kernel.dsv4.moe``: its package's ``__init__`` imports sglang's server (absent
-    from the fetched tree), so the package is entered without running it; moe.py itself needs only
-    ``jit_kernel.utils`` and the package's ``utils``."""
-    import types
-
-    jit_module("utils")  # the tree, the GPU, and sglang's own package first
-    name = "sglang.jit_kernel.dsv4"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(path() / "sglang" / "jit_kernel" / "dsv4")]
-        sys.modules[name] = package
-    return importlib.import_module(f"{name}.moe")

@@ -121,6 +121,215 @@ def test_sglang_jit_provider_says_how_to_fetch_it(monkeypatch, tmp_path):
     assert harness.versions()["sglang-jit"] == "missing"
 
 
+# Resolves every op of the sglang-jit provider's table in a fresh interpreter (importing the fetched
+# tree puts its sglang package in sys.modules): "ok", "absent: <reason>" (the release has no such
+# op), "needs triton" (a Triton kernel where triton is not installed), or "error: <exception>".
+_RESOLVE_ALL = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import sglang_provider as sp
+out = {}
+for op in sp.OPS:
+    try:
+        fn = sp.resolve(op, need_gpu=False)
+        out[op] = "ok" if callable(fn) else f"error: {fn!r} is not callable"
+    except NotImplementedError as e:
+        out[op] = f"absent: {e}"
+    except ModuleNotFoundError as e:
+        out[op] = "needs triton" if e.name == "triton" else f"error: {e!r}"
+    except Exception as e:
+        out[op] = f"error: {e!r}"
+print(json.dumps({"layout": sp.layout(), "version": sp.version(), "ops": out}))
+"""
+
+
+def test_sglang_jit_provider_maps_every_op_of_the_fetched_tree():
+    """Every op the provider maps imports from the fetched tree (its modules import on the CPU and
+    fail only when a kernel is called), and every op it calls absent is absent there."""
+    import sglang_provider
+
+    if sglang_provider.layout() is None:
+        pytest.skip(
+            f"sglang's kernels are not fetched into {sglang_provider.path()} "
+            "(run benchmarks/fetch_sglang_jit.sh; it needs a package index)"
+        )
+    proc = subprocess.run(
+        [sys.executable, "-c", _RESOLVE_ALL, str(BENCH)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.splitlines()[-1])
+    kind = found["layout"]
+    has_triton = importlib.util.find_spec("triton") is not None
+    for op, status in found["ops"].items():
+        mapped = sglang_provider.OPS[op][kind]
+        if isinstance(mapped, str):
+            assert status.startswith("absent: ") and mapped in status, (op, status)
+        elif status == "needs triton":
+            assert not has_triton, (op, status)
+        else:
+            assert status == "ok", (op, mapped, status)
+    if kind == "kernels":  # the ops new in 0.5.23's layout are there
+        for op in (
+            "gemma_rmsnorm",
+            "per_token_quant_fp8",
+            "silu_and_mul_per_token_group_quant_fp8",
+        ):
+            assert found["ops"][op] == "ok", (op, found["ops"][op])
+
+
+_COMMON = """
+import torch
+from torch.library import Library
+
+
+def server_helper():
+    import zmq
+
+
+sglang_lib = Library("sglang", "FRAGMENT")
+
+
+def is_cuda():
+    return True
+
+
+def get_cuda_version():
+    return (13, 0)
+
+
+def is_hip():
+    return False
+
+
+def is_xpu():
+    return False
+
+
+def is_npu():
+    return False
+
+
+def is_musa():
+    return False
+
+
+def direct_register_custom_op(op_name, op_func, mutates_args):
+    if is_npu() or current_platform.is_out_of_tree():
+        pass
+"""
+
+
+def _fake_sglang_wheel(path: Path, files: dict[str, str]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return path
+
+
+def _fetch(wheel: Path, dest: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(BENCH / "fetch_sglang_jit.sh"), str(dest)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SGLANG_WHEEL": str(wheel), "PYTHON": sys.executable},
+    )
+
+
+def test_fetch_sglang_jit_takes_the_kernels_layout_and_its_imports(tmp_path):
+    """0.5.23's layout: jit/ whole, the provider's ops modules and what they import (inside
+    functions too), nothing else of sglang.kernels; the server-facing modules stubbed."""
+    import ast
+
+    script = (BENCH / "fetch_sglang_jit.sh").read_text()
+    listed = re.search(r"KERNELS_OPS = (\[.*?\])", script, re.DOTALL).group(1)
+    ops = ast.literal_eval(listed)
+    files = {
+        "sglang/__init__.py": "import sglang.srt.server  # the frontend\n",
+        "sglang/version.py": "",
+        "sglang/_version.py": "",
+        "sglang/srt/environ.py": "",
+        "sglang/srt/utils/__init__.py": "import zmq\n",
+        "sglang/srt/utils/custom_op.py": "",
+        "sglang/srt/utils/common.py": _COMMON,
+        "sglang/kernels/__init__.py": "from sglang.kernels import ops\n",
+        "sglang/kernels/spec.py": "",
+        "sglang/kernels/jit/__init__.py": "",
+        "sglang/kernels/jit/csrc/elementwise/rmsnorm.cuh": "// C++\n",
+        "sglang/kernels/ops/__init__.py": "",
+        "sglang/kernels/ops/quantization/fp8_kernel.py": "",
+        "sglang/kernels/ops/gemm/__init__.py": "",
+        "sglang/kernels/ops/gemm/unrelated.py": "",
+    }
+    for m in ops:
+        parts = m.split(".")
+        for i in range(1, len(parts)):
+            files.setdefault(f"sglang/kernels/ops/{'/'.join(parts[:i])}/__init__.py", "")
+        files[f"sglang/kernels/ops/{'/'.join(parts)}.py"] = (
+            "def f():\n    from sglang.kernels.ops.quantization.fp8_kernel import g\n"
+        )
+    wheel = _fake_sglang_wheel(tmp_path / "sglang-9.9.9-cp312-cp312-x.whl", files)
+    (tmp_path / "msgspec-0.0-py3-none-any.whl").write_bytes(b"")  # no download
+    proc = _fetch(wheel, tmp_path / "tree")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tree = tmp_path / "tree"
+    assert "layout: kernels" in (tree / "SOURCE.txt").read_text()
+    for n in ("sglang/kernels/jit/csrc/elementwise/rmsnorm.cuh", "sglang/kernels/spec.py",
+              "sglang/kernels/ops/quantization/fp8_kernel.py", "sglang/srt/environ.py",
+              *(f"sglang/kernels/ops/{m.replace('.', '/')}.py" for m in ops)):  # fmt: skip
+        assert (tree / n).is_file(), n
+    assert not (tree / "sglang/kernels/ops/gemm/unrelated.py").exists()
+    assert "import sglang.srt.server" not in (tree / "sglang/__init__.py").read_text()
+    assert "import zmq" not in (tree / "sglang/srt/utils/__init__.py").read_text()
+    common = (tree / "sglang/srt/utils/common.py").read_text()
+    ast.parse(common)
+    assert "def direct_register_custom_op" in common and "current_platform = " in common
+    assert "server_helper" not in common
+
+
+def test_fetch_sglang_jit_keeps_the_jit_kernel_layout(tmp_path):
+    files = {
+        n: ""
+        for n in (
+            "sglang/__init__.py", "sglang/version.py", "sglang/_version.py",
+            "sglang/kernel_api_logging.py", "sglang/srt/utils/__init__.py",
+            "sglang/srt/utils/custom_op.py", "sglang/test/__init__.py",
+            "sglang/test/ci/__init__.py", "sglang/test/ci/ci_register.py",
+            "sglang/jit_kernel/__init__.py", "sglang/jit_kernel/norm.py",
+            "sglang/jit_kernel/tests/test_norm.py",
+        )
+    }  # fmt: skip
+    files["sglang/srt/utils/common.py"] = _COMMON
+    wheel = _fake_sglang_wheel(tmp_path / "sglang-0.5.13-cp312-cp312-x.whl", files)
+    proc = _fetch(wheel, tmp_path / "tree")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tree = tmp_path / "tree"
+    assert "layout: jit_kernel" in (tree / "SOURCE.txt").read_text()
+    assert (tree / "sglang/jit_kernel/tests/test_norm.py").is_file()
+    assert not list(tmp_path.glob("msgspec-*.whl"))  # only the newer layout needs it
+    common = (tree / "sglang/srt/utils/common.py").read_text()
+    assert "def direct_register_custom_op" in common and "server_helper" not in common
+
+
+def test_sglang_jit_provider_tells_the_layouts_apart(monkeypatch, tmp_path):
+    import sglang_provider
+
+    monkeypatch.setenv("SGLANG_JIT_PATH", str(tmp_path))
+    assert sglang_provider.layout() is None and sglang_provider.version() is None
+    (tmp_path / "sglang" / "jit_kernel").mkdir(parents=True)
+    (tmp_path / "SOURCE.txt").write_text("wheel: sglang-0.5.13-cp312-cp312-x.whl\n")
+    assert sglang_provider.layout() == "jit_kernel" and sglang_provider.version() == "0.5.13"
+    with pytest.raises(NotImplementedError, match=r"new in sglang 0\.5\.23"):
+        sglang_provider.resolve("table_qk_norm_rope", need_gpu=False)
+    (tmp_path / "sglang" / "kernels" / "jit").mkdir(parents=True)
+    assert sglang_provider.layout() == "kernels"
+    with pytest.raises(NotImplementedError, match=r"removed in sglang 0\.5\.23"):
+        sglang_provider.resolve("qknorm_across_heads", need_gpu=False)
+    # every op has an entry for both layouts
+    assert all(set(where) == {"kernels", "jit_kernel"} for where in sglang_provider.OPS.values())
+
+
 def test_error_cells_put_the_root_cause_first_and_drop_the_repo_path():
     root = BENCH.parent
     err = RuntimeError(

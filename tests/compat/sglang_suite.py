@@ -5,7 +5,8 @@ Three roles:
 
 - :func:`sglang_files` takes files of ``sglang/jit_kernel/`` (its tests, its modules) from the
   sglang wheel: the tree ``benchmarks/fetch_sglang_jit.sh`` extracts from it
-  (``$SGLANG_JIT_PATH``, else the repository's git-ignored ``.whl/sglang_jit``), the wheel file
+  (``$SGLANG_JIT_PATH``, else the repository's git-ignored ``.whl/sglang_jit`` or, where that holds
+  another release, ``.whl/sglang_jit-0.5.13``), the wheel file
   ``$SGLANG_WHEEL``, or the wheel pip downloads (``pip download sglang==<version> --no-deps``,
   kept in pytest's cache); without any of them the test skips, saying why;
 - :func:`run_suite` runs one test file with pytest in a fresh interpreter with this module as a
@@ -98,11 +99,28 @@ def _fetched_tree(explicit: bool, src: Path) -> bool:
     return False
 
 
-def _copy(names: list[str], cache: Path, dest: Path) -> None:
+def _trees() -> list[tuple[bool, Path]]:
+    """The fetched trees to look in, each with whether it was named explicitly: ``$SGLANG_JIT_PATH``,
+    else ``.whl/sglang_jit`` (the benchmark provider's, which may be a newer release) and
+    ``.whl/sglang_jit-<version>`` (``SGLANG_VERSION=<version> fetch_sglang_jit.sh`` there)."""
     tree = os.environ.get("SGLANG_JIT_PATH")
+    if tree:
+        return [(True, Path(tree).expanduser())]
+    whl = REPO / ".whl"
+    return [(False, whl / "sglang_jit"), (False, whl / f"sglang_jit-{SGLANG_VERSION}")]
+
+
+def _copy(names: list[str], cache: Path, dest: Path) -> None:
     wheel = os.environ.get("SGLANG_WHEEL")
-    src = Path(tree).expanduser() if tree else REPO / ".whl" / "sglang_jit"
-    if (tree or not wheel) and _fetched_tree(bool(tree), src):
+    src = next(
+        (
+            path
+            for explicit, path in _trees()
+            if (explicit or not wheel) and _fetched_tree(explicit, path)
+        ),
+        None,
+    )
+    if src is not None:
         missing = [n for n in names if not (src / JIT_KERNEL / n).is_file()]
         if missing:
             raise Unavailable(f"{src / JIT_KERNEL} lacks {missing}")

@@ -84,7 +84,7 @@ def _llama31_freqs(dim, theta, scale=8, low=1, high=4, old=8192):
 def _rotated(x, pos, freqs, rot, interleave):
     """float64 rotation of the first ``rot`` dims of x [T, H, D] at positions ``pos``."""
     xd = x.double()
-    ang = pos.double()[:, None, None] * freqs
+    ang = pos.to(xd.device, torch.float64)[:, None, None] * freqs.to(xd.device, torch.float64)
     c, s = ang.cos(), ang.sin()
     if interleave:
         a, b = xd[..., 0:rot:2], xd[..., 1:rot:2]
@@ -110,7 +110,9 @@ def test_flashinfer_rope_ragged_and_pos_ids(backend, ctx, llama31):
     pos = torch.cat([torch.arange(o, o + n) for o, n in zip(offsets, lens, strict=True)]).to(device)
     theta = 5e5 if llama31 else 1e4
     freqs = (
-        _llama31_freqs(rot, theta) if llama31 else 1.0 / theta ** (torch.arange(0, rot, 2) / rot)
+        _llama31_freqs(rot, theta)
+        if llama31
+        else 1.0 / theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
     )
     before = qkv.clone()
     with on():
@@ -121,7 +123,7 @@ def test_flashinfer_rope_ragged_and_pos_ids(backend, ctx, llama31):
     assert torch.equal(qkv, before), "the out-of-place form left q and k as they were"
     for got, x in ((q_r, q), (k_r, k)):
         assert got.dtype == FP16 and got.shape == x.shape
-        torch.testing.assert_close(got.double(), _rotated(x, pos.cpu(), freqs, rot, True).to(device),
+        torch.testing.assert_close(got.double(), _rotated(x, pos, freqs, rot, True),
                                    atol=2e-3, rtol=2e-3)  # fmt: skip
     q2, k2 = q.clone(), k.clone()
     with on():
