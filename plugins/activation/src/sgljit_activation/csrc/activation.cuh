@@ -35,10 +35,12 @@ namespace sgljit_activation {
 
 struct ActConfig {
   static constexpr int kThreads = 256;     // block size of large grids: 8 blocks fill an SM's 2048 threads
-  static constexpr int kMinThreads = ACT_AB_MIN_THREADS;   // small grids: blocks of one warp at least
+  static constexpr int kMinThreads = ACT_AB_MIN_THREADS;  // small grids: blocks of one warp at least
   static constexpr int kUnroll = 2;        // items a thread in large grids: 4 16-byte loads in flight each
-  static constexpr int kLargeBlocksPerSm = ACT_AB_LARGE_BLOCKS_PER_SM;     // large grids from this many kThreads x kUnroll blocks per SM
-  static constexpr int kPrefetchBlocksPerSm = ACT_AB_PREFETCH_BLOCKS_PER_SM;  // grids this small prefetch before the PDL wait (as norm's)
+  // large grids from this many kThreads x kUnroll blocks per SM
+  static constexpr int kLargeBlocksPerSm = ACT_AB_LARGE_BLOCKS_PER_SM;
+  // grids this small prefetch before the PDL wait (as norm's)
+  static constexpr int kPrefetchBlocksPerSm = ACT_AB_PREFETCH_BLOCKS_PER_SM;
 };
 
 template <typename T>

@@ -38,7 +38,7 @@ namespace sgljit_activation {
 #endif
 
 struct QuantConfig {
-  static constexpr int kThreads = ACT_AB_QUANT_THREADS;           // block size (quant_fp8's group kernel's)
+  static constexpr int kThreads = ACT_AB_QUANT_THREADS;  // block size (quant_fp8's group kernel's)
   static constexpr int kVecsPerLane = 2;         // vectors of gate (and of up) a lane holds of one group
   static constexpr int kRounds = 2;              // groups a lane in large grids: 8 loads in flight per lane
   static constexpr int kThreadsPerSm = 1024;     // large grids: rounds only where this many threads per SM remain
