@@ -172,8 +172,15 @@ struct RowOffsets {
 template <bool kFlat = false, typename T, typename W>
 SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T, W>& s, int64_t row) {
   int64_t o = row, i = 0;
+#ifndef NORM_AB_DIV32
+#define NORM_AB_DIV32 0  // A/B: 1 = a 32-bit division where row and inner fit (qknorm's heads), not the 64-bit call
+#endif
   if (!kFlat && s.inner != 1) {
-    o = row / s.inner;
+    if (NORM_AB_DIV32 && ((static_cast<uint64_t>(row) | static_cast<uint64_t>(s.inner)) >> 32) == 0) {
+      o = static_cast<uint32_t>(row) / static_cast<uint32_t>(s.inner);
+    } else {
+      o = row / s.inner;
+    }
     i = row - o * s.inner;
   }
   return {o * s.in_s0 + i * s.in_s1, o * s.out_s0 + i * s.out_s1, o * s.res_s0 + i * s.res_s1};
