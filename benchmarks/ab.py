@@ -12,8 +12,8 @@ smallest token count, ``--jobs`` at a time; other arguments go to the benchmark)
 them ``--rounds`` times in turn; a case's figure is its best round (the least disturbed). The table
 gives each variant's µs and its ratio to the first variant.
 
-``--with-provider NAME`` (repeatable, e.g. ``sglang-jit``) times that peer in the first variant's
-process of every round, case by case beside it, as a column of its own; the last column is then
+``--with-provider NAME`` (repeatable, e.g. ``sglang-jit``) is built with the first variant and timed
+in its process of every round, case by case beside it, as a column of its own; the last column is then
 the peer's µs over the fastest variant's (a speed ratio: above 1, sgljit's best is ahead). ``--out``
 is rewritten after every variant's run, so a run stopped by a time limit keeps its finished cells.
 """
@@ -92,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--provider", default="sgljit", help="the provider timed (default sgljit)")
     ap.add_argument(
+        "--build-precompile",
+        type=int,
+        default=0,
+        metavar="JOBS",
+        help="the builds' --precompile: each variant's modules built in JOBS processes",
+    )
+    ap.add_argument(
         "--with-provider",
         action="append",
         default=[],
@@ -105,21 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--ops", args.ops]
     smallest = str(min(int(t) for t in args.tokens.split(",")))
     warm = [a if a != args.tokens else smallest for a in common] + ["--rep", "1"]
+    if args.build_precompile:
+        warm += ["--precompile", str(args.build_precompile)]
+    peers = [p for p in args.with_provider if p != args.provider]
+
+    def build(i: int) -> None:
+        name, flags, env = args.variant[i]
+        providers = ",".join([args.provider, *peers] if i == 0 else [args.provider])
+        run(bench_command(args.family, warm, providers), variant_env(flags, env), f"build {name}")
 
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(
-            pool.map(
-                lambda v: run(
-                    bench_command(args.family, warm, args.provider),
-                    variant_env(v[1], v[2]),
-                    f"build {v[0]}",
-                ),
-                args.variant,
-            )
-        )
+        list(pool.map(build, range(len(args.variant))))
     print(f"ab: built {len(args.variant)} variant(s)", flush=True)
 
-    peers = [p for p in args.with_provider if p != args.provider]
     best: dict[tuple[str, str], dict[str, float | None]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):

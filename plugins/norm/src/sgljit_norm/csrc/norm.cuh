@@ -560,6 +560,9 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
 #ifndef NORM_AB_DECODE_TPSM
 #define NORM_AB_DECODE_TPSM 1024  // A/B: its register budget in threads per SM (1024: 64 registers)
 #endif
+#ifndef NORM_AB_DECODE_WAVES
+#define NORM_AB_DECODE_WAVES 1  // A/B: NORM_AB_DECODE up to this many waves of rows (512 x 12288 is 4 at 768 threads)
+#endif
 #ifndef NORM_AB_DECODE_FUSED
 #define NORM_AB_DECODE_FUSED 0  // A/B: the fused add too, at 1 vector of each row a thread
 #endif
@@ -572,7 +575,7 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
             norm_kernel<T, W, kDecBlock, kGemma, kFused, kRound, kHA, 0, kDecTarget, NORM_AB_DECODE_TPSM, kFloatSum>;
         const int64_t one_wave = int64_t{sgljit::num_sms(device.device_id)} *
                                  sgljit::resident_blocks<kDecKernel>(device.device_id, kDecBlock);
-        if (a.rows <= one_wave) {
+        if (a.rows <= one_wave * NORM_AB_DECODE_WAVES) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kDecTarget, NORM_AB_DECODE_TPSM, kFloatSum>(
               a, b, has_b, eps, device, name);
           return;
