@@ -3,7 +3,7 @@
 # limits and packing keep every finished step of a cut run (ab.py rewrites its table after each
 # variant too). Variants are ordered by expected value; sglang's jit_kernel is timed beside `base`.
 #
-#   bash benchmarks/h200.sh '@100:sh:bash benchmarks/ab-issue60.sh silu' '@80:sh:bash benchmarks/ab-issue60.sh fp8' \
+#   bash benchmarks/h200.sh '@100:sh:bash benchmarks/ab-issue60.sh silu' '@90:sh:bash benchmarks/ab-issue60.sh fp8' \
 #       '@100:sh:bash benchmarks/ab-issue60.sh norm' '@55:sh:bash benchmarks/ab-issue60.sh rope' \
 #       '@45:sh:bash benchmarks/ab-issue60.sh group'
 #
