@@ -5,8 +5,9 @@
 #
 #   bash benchmarks/h200.sh '@100:sh:bash benchmarks/ab-issue60.sh silu' '@90:sh:bash benchmarks/ab-issue60.sh fp8' \
 #       '@100:sh:bash benchmarks/ab-issue60.sh norm' '@55:sh:bash benchmarks/ab-issue60.sh rope' \
-#       '@45:sh:bash benchmarks/ab-issue60.sh group'
+#       '@45:sh:bash benchmarks/ab-issue60.sh group' '@40:sh:bash benchmarks/ab-issue60.sh bits'
 #
+# `bits` checks that ACT_AB_SILU_DIV=1 keeps today's bits (its modules are cached by then).
 # Tables go to $AB_OUT (default benchmarks/results/nvidia-h100-80gb-hbm3), ab-issue60-STEP.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,8 +46,36 @@ group)
         --variant base= --variant r1=-DQF8_AB_GROUP_TPSM=2048 --variant t256=-DQF8_AB_GROUP_THREADS=256 \
         --out "$OUT_DIR/ab-issue60-group.md"
     ;;
+bits)
+    # ACT_AB_SILU_DIV=1 claims today's bits: silu_and_mul and the fused fp8 op (bf16) on wide
+    # random data and the edge values, base against div1 (each in its own process: its own module)
+    dump() {
+        SGLJIT_EXTRA_CUDA_CFLAGS="$1" python3 - "$2" <<'PY'
+import sys
+import torch
+from sgljit_activation import ops
+g = torch.Generator(device="cuda").manual_seed(0)
+x = torch.randn(512, 2 * 14336, device="cuda", generator=g) * 2.0 ** torch.randint(-8, 8, (512, 2 * 14336), device="cuda", generator=g)
+x[0, :12] = torch.tensor([0.0, -0.0, -79.9, -80.1, -87.0, -90.0, -200.0, 90.0, 2e30, float("inf"), float("-inf"), float("nan")])
+out = {f"bf16 T={t}": ops.silu_and_mul(x[:t].bfloat16()) for t in (1, 8, 64, 512)}
+for t in (1, 64, 512):
+    q, s = ops.silu_and_mul_per_token_group_quant_fp8(x[:t].bfloat16(), 128)
+    out[f"fp8 T={t}"], out[f"scales T={t}"] = q.view(torch.uint8), s
+torch.save({k: v.cpu() for k, v in out.items()}, sys.argv[1])
+PY
+    }
+    dump "" /tmp/ab-issue60-base.pt
+    dump "-DACT_AB_SILU_DIV=1" /tmp/ab-issue60-div1.pt
+    python3 - <<'PY'
+import torch
+a, b = torch.load("/tmp/ab-issue60-base.pt"), torch.load("/tmp/ab-issue60-div1.pt")
+bad = [k for k in a if not torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8))]
+print("ACT_AB_SILU_DIV=1 bits:", "identical" if not bad else f"DIFFER in {bad}")
+raise SystemExit(1 if bad else 0)
+PY
+    ;;
 *)
-    echo "usage: $0 silu|fp8|norm|rope|group" >&2
+    echo "usage: $0 silu|fp8|norm|rope|group|bits" >&2
     exit 2
     ;;
 esac
