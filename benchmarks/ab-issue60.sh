@@ -3,7 +3,7 @@
 # limits and packing keep every finished step of a cut run (ab.py rewrites its table after each
 # variant too). Variants are ordered by expected value; sglang's jit_kernel is timed beside `base`.
 #
-#   bash benchmarks/h200.sh '@100:sh:bash benchmarks/ab-issue60.sh silu' '@90:sh:bash benchmarks/ab-issue60.sh fp8' \
+#   bash benchmarks/h200.sh '@110:sh:bash benchmarks/ab-issue60.sh silu' '@90:sh:bash benchmarks/ab-issue60.sh fp8' \
 #       '@100:sh:bash benchmarks/ab-issue60.sh norm' '@55:sh:bash benchmarks/ab-issue60.sh rope' \
 #       '@45:sh:bash benchmarks/ab-issue60.sh group' '@40:sh:bash benchmarks/ab-issue60.sh bits'
 #
@@ -19,7 +19,8 @@ case "${1:-}" in
 silu)
     ab activation --ops silu_and_mul --grid serving --series 'd=2048 ,d=14336 ' --tokens 1,2,8,64,512 \
         --build-precompile 2 --variant base= --variant div1=-DACT_AB_SILU_DIV=1 \
-        --variant wave=-DACT_AB_LARGE_BLOCKS_PER_SM=8 --variant fast=-DACT_AB_SILU_DIV=2 \
+        --variant wave=-DACT_AB_LARGE_BLOCKS_PER_SM=8 \
+        --variant 'div1wave=-DACT_AB_SILU_DIV=1 -DACT_AB_LARGE_BLOCKS_PER_SM=8' --variant fast=-DACT_AB_SILU_DIV=2 \
         --variant sg256=-DACT_AB_MIN_THREADS=256 --out "$OUT_DIR/ab-issue60-silu.md"
     ;;
 fp8)
