@@ -11,6 +11,11 @@ settings instead of nvcc flags. First every variant is built in parallel (the be
 smallest token count, ``--jobs`` at a time; other arguments go to the benchmark), then the variants are timed one after another, all of
 them ``--rounds`` times in turn; a case's figure is its best round (the least disturbed). The table
 gives each variant's µs and its ratio to the first variant.
+
+``--with-provider NAME`` (repeatable, e.g. ``sglang-jit``) is built with the first variant and timed
+in its process of every round, case by case beside it, as a column of its own; the last column is then
+the peer's µs over the fastest variant's (a speed ratio: above 1, sgljit's best is ahead). ``--out``
+is rewritten after every variant's run, so a run stopped by a time limit keeps its finished cells.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
 
 
 def bench_command(family: str, args: list[str], provider: str) -> list[str]:
+    """``provider``: one name, or several comma separated (the peers beside the first variant)."""
     return [
         sys.executable,
         str(HERE / f"bench_{family}.py"),
@@ -85,6 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--provider", default="sgljit", help="the provider timed (default sgljit)")
+    ap.add_argument(
+        "--build-precompile",
+        type=int,
+        default=0,
+        metavar="JOBS",
+        help="the builds' --precompile: each variant's modules built in JOBS processes",
+    )
+    ap.add_argument(
+        "--with-provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also time this peer (e.g. sglang-jit) in the first variant's run, as a column",
+    )
     args, passthrough = ap.parse_known_args(argv)  # e.g. --dry-run, --rep: given to the benchmark
 
     common = ["--tokens", args.tokens, "--ceiling", str(args.ceiling), *passthrough]
@@ -92,28 +112,28 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--ops", args.ops]
     smallest = str(min(int(t) for t in args.tokens.split(",")))
     warm = [a if a != args.tokens else smallest for a in common] + ["--rep", "1"]
+    if args.build_precompile:
+        warm += ["--precompile", str(args.build_precompile)]
+    peers = [p for p in args.with_provider if p != args.provider]
+
+    def build(i: int) -> None:
+        name, flags, env = args.variant[i]
+        providers = ",".join([args.provider, *peers] if i == 0 else [args.provider])
+        run(bench_command(args.family, warm, providers), variant_env(flags, env), f"build {name}")
 
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(
-            pool.map(
-                lambda v: run(
-                    bench_command(args.family, warm, args.provider),
-                    variant_env(v[1], v[2]),
-                    f"build {v[0]}",
-                ),
-                args.variant,
-            )
-        )
+        list(pool.map(build, range(len(args.variant))))
     print(f"ab: built {len(args.variant)} variant(s)", flush=True)
 
     best: dict[tuple[str, str], dict[str, float | None]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
-            for name, flags, env in args.variant:
+            for i, (name, flags, env) in enumerate(args.variant):
                 path = Path(tmp) / f"{name}.json"
                 path.unlink(missing_ok=True)
+                providers = ",".join([args.provider, *peers] if i == 0 else [args.provider])
                 run(
-                    bench_command(args.family, [*common, "--json", str(path)], args.provider),
+                    bench_command(args.family, [*common, "--json", str(path)], providers),
                     variant_env(flags, env),
                     name,
                 )
@@ -122,46 +142,67 @@ def main(argv: list[str] | None = None) -> int:
                         f"ab: {name}: the benchmark timed nothing (no CUDA GPU? try --dry-run)"
                     )
                 for cell in json.loads(path.read_text()):
+                    column = name if cell["provider"] == args.provider else cell["provider"]
                     row = best.setdefault((cell["op"], cell["case"]), {})
                     us = cell["us"]
                     # each cell as it comes: a run stopped by a time limit keeps what it timed
-                    print(f"ab: {name} | {cell['op']} | {cell['case']} | {us}", flush=True)
-                    old = row.get(name)
-                    row[name] = us if old is None or (us is not None and us < old) else old
+                    print(f"ab: {column} | {cell['op']} | {cell['case']} | {us}", flush=True)
+                    old = row.get(column)
+                    row[column] = us if old is None or (us is not None and us < old) else old
                 print(f"ab: round {rnd + 1} {name} done", flush=True)
+                if args.out and best:
+                    Path(args.out).write_text(table(args, peers, best))
 
     if not best:
         raise SystemExit(
             f"ab: no case of {args.family} was timed for provider {args.provider!r} "
             "(check --ops, --tokens, --provider)"
         )
-    names = [v[0] for v in args.variant]
-    lines = [
-        f"A/B `{args.family}` ({args.rounds} round(s), best of rounds, µs; ratio to `{names[0]}`)",
-        "",
-        "| op | case | " + " | ".join(f"{n}" for n in names) + " |",
-        "|---|---|" + "---:|" * len(names),
-    ]
-    for (op, case), row in best.items():
-        base = row.get(names[0])
-        cells = []
-        for n in names:
-            us = row.get(n)
-            if us is None:
-                cells.append("failed")
-            elif n == names[0] or not base:
-                cells.append(f"{us:.2f}")
-            else:
-                cells.append(f"{us:.2f} ({us / base:.3f})")
-        lines.append(f"| {op} | {case} | " + " | ".join(cells) + " |")
-    legend = [
-        f"- `{n}`: `{f or '(defaults)'}`" + (f" env {e}" if e else "") for n, f, e in args.variant
-    ]
-    text = "\n".join([*lines, "", *legend]) + "\n"
+    text = table(args, peers, best)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def table(
+    args: argparse.Namespace, peers: list[str], best: dict[tuple[str, str], dict[str, float | None]]
+) -> str:
+    """The markdown table: a column per variant, then per peer; with peers, the last columns
+    are each peer's µs over the fastest variant's."""
+    names = [v[0] for v in args.variant]
+    columns = [*names, *peers]
+    lines = [
+        f"A/B `{args.family}` ({args.rounds} round(s), best of rounds, µs; ratio to `{names[0]}`)",
+        "",
+        "| op | case | " + " | ".join([*columns, *(f"{p} ÷ best (speed)" for p in peers)]) + " |",
+        "|---|---|" + "---:|" * (len(columns) + len(peers)),
+    ]
+    for (op, case), row in best.items():
+        base = row.get(names[0])
+        cells = []
+        for n in columns:
+            us = row.get(n)
+            if us is None:
+                cells.append("failed" if n in row or n == names[0] else "–")
+            elif n == names[0] or not base:
+                cells.append(f"{us:.2f}")
+            else:
+                cells.append(f"{us:.2f} ({us / base:.3f})")
+        timed = [(row[n], n) for n in names if row.get(n) is not None]
+        for p in peers:
+            peer = row.get(p)
+            if peer is None or not timed:
+                cells.append("–")
+            else:
+                us, n = min(timed)
+                cells.append(f"{peer / us:.3f} (`{n}`)")
+        lines.append(f"| {op} | {case} | " + " | ".join(cells) + " |")
+    legend = [
+        f"- `{n}`: `{f or '(defaults)'}`" + (f" env {e}" if e else "") for n, f, e in args.variant
+    ]
+    legend += [f"- `{p}`: timed in `{names[0]}`'s run, case by case beside it" for p in peers]
+    return "\n".join([*lines, "", *legend]) + "\n"
 
 
 if __name__ == "__main__":

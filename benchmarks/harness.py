@@ -52,16 +52,19 @@ MATCH_RATIO = 0.98
 AT_FLOOR_TOLERANCE = 0.02
 
 Inputs = dict[str, Any]
-GRIDS = ("default", "models", "decode", "quick")
+GRIDS = ("default", "models", "decode", "serving", "quick")
 # The `models` grid's shared facts. Token counts, decode to long prefill:
 MODEL_TOKENS = (1, 16, 128, 1024, 4096, 16384, 65536)
 # The `decode` grid: the models grid's shapes at a serving engine's decode batch sizes.
 DECODE_TOKENS = (1, 4, 16, 64, 256)
+# The `serving` grid: the models grid's shapes at the batch sizes between those two grids' (two
+# decode tokens, small batches, a chunk of prefill).
+SERVING_TOKENS = (1, 2, 8, 64, 512)
 
 
 def model_tokens(grid: str, tokens: Sequence[int] = MODEL_TOKENS) -> Sequence[int]:
-    """A models-grid series' token counts: ``tokens``, or DECODE_TOKENS on the decode grid."""
-    return DECODE_TOKENS if grid == "decode" else tokens
+    """A models-grid series' token counts: ``tokens``, or the decode or serving grid's."""
+    return {"decode": DECODE_TOKENS, "serving": SERVING_TOKENS}.get(grid, tokens)
 
 
 # (q heads, kv heads, head_dim) of real attention layers: Qwen3-0.6B/1.7B 16/8x128, Qwen2.5-7B
@@ -902,7 +905,8 @@ def parse_args(argv: Sequence[str] | None, family: str) -> argparse.Namespace:
         choices=GRIDS,
         default="default",
         help="default: the family's headline shapes; models: the grid of real models' shapes; "
-        "decode: those shapes at decode batch sizes (1-256 tokens); quick: a subset of the models grid",
+        "decode: those shapes at decode batch sizes (1-256 tokens); serving: at 1, 2, 8, 64 and 512 "
+        "tokens; quick: a subset of the models grid",
     )
     ap.add_argument(
         "--series", help="only cases whose series contains one of these (comma separated)"

@@ -97,6 +97,36 @@ def test_ab_tables_each_variant(tmp_path):
     assert len(rows) >= 2 and all("failed" not in r for r in rows), table
 
 
+@pytest.mark.slow
+def test_ab_times_a_peer_beside_the_first_variant(tmp_path):
+    out = tmp_path / "ab.md"
+    proc = run_tool(
+        "ab.py",
+        "example",
+        "--tokens",
+        "1",
+        "--variant",
+        "base=",
+        "--variant",
+        "other=-DUNUSED=1",
+        "--provider",
+        "torch (out=)",
+        "--with-provider",
+        "torch",
+        "--out",
+        str(out),
+        "--dry-run",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = out.read_text()
+    assert "| op | case | base | other | torch | torch ÷ best (speed) |" in table, table
+    rows = [line for line in table.splitlines() if line.startswith("| add |")]
+    # the peer's µs, then its speed against the faster variant, named
+    assert rows and all(re.search(r"\| \d+\.\d{3} \(`(base|other)`\) \|$", r) for r in rows), table
+    # timed once a round, in the first variant's run only
+    assert proc.stdout.count("ab: torch | add |") == len(rows), proc.stdout
+
+
 def test_ab_times_the_provider_alone_without_the_floor():
     # ab.py keeps one time per (op, case): a floor cell would be taken for the provider's
     cmd = ab.bench_command("example", ["--tokens", "1"], "sgljit")

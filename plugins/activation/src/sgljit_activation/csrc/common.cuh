@@ -47,6 +47,50 @@ SGLJIT_DEVICE float act_and_mul(float gate, float up) {
   return __fmul_rn(act<kAct>(gate), up);
 }
 
+#ifndef ACT_AB_SILU_DIV
+// A/B: 0 = silu's __fdiv_rn a element (its FCHK branch fences each element's chain); 1 = the same
+// quotient by __fdiv_rn's own fast-path steps, branch-free, __fdiv_rn only for a vector holding x
+// outside [-80, 2^64] or |x| < 2^-60 (same bits); 2 = sglang's fast math (__expf, __fdividef)
+#define ACT_AB_SILU_DIV 0
+#endif
+
+// x / d by the steps __fdiv_rn takes where its range check passes (a reciprocal estimate, one Newton
+// step, a quotient and one correction).
+SGLJIT_DEVICE float div_fast_path(float x, float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  const float q = __fmul_rn(x, r);
+  return __fmaf_rn(r, __fmaf_rn(-d, q, x), q);
+}
+
+// y[e] = act_and_mul(gate(e), up(e)) for the N elements of a vector.
+template <Act kAct, int N, typename G, typename U>
+SGLJIT_DEVICE void act_and_mul_all(float (&y)[N], G gate, U up) {
+  if constexpr (kAct == Act::kSilu && ACT_AB_SILU_DIV == 1) {
+    bool slow = false;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float x = gate(e);
+      slow |= !(x >= -80.0f && x <= 0x1p64f && fabsf(x) >= 0x1p-60f);  // NaN: slow
+      y[e] = __fmul_rn(div_fast_path(x, __fadd_rn(1.0f, expf(-x))), up(e));
+    }
+    if (slow) {
+#pragma unroll
+      for (int e = 0; e < N; ++e) y[e] = act_and_mul<kAct>(gate(e), up(e));
+    }
+  } else if constexpr (kAct == Act::kSilu && ACT_AB_SILU_DIV == 2) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float x = gate(e);
+      y[e] = __fmul_rn(__fdividef(x, __fadd_rn(1.0f, __expf(-x))), up(e));
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) y[e] = act_and_mul<kAct>(gate(e), up(e));
+  }
+}
+
 // VEC elements of T carried as raw bits (one load or store instruction), read out as fp32.
 template <typename T, int VEC>
 struct Vec {

@@ -67,10 +67,21 @@ struct Geometry {
   static constexpr bool kSplit = !NEOX && VEC >= 2;
 };
 
+#ifndef ROPE_AB_HEADS
+#define ROPE_AB_HEADS 0  // A/B: apply_rope's heads per work item (0: Geometry's kHeads)
+#endif
+#ifndef ROPE_AB_LATE_TRIGGER
+#define ROPE_AB_LATE_TRIGGER 0  // A/B: 1 = apply_rope's PDL trigger after its items (sglang's), not after the wait
+#endif
+#ifndef ROPE_AB_VEC
+#define ROPE_AB_VEC 16  // A/B: apply_rope's widest vector in elements (4: sglang 0.5.10's 8-byte bf16 vectors)
+#endif
+
 // apply_rope's block and register budget.
 template <int ROT, int VEC>
 struct RopeConfig {
   using G = Geometry<ROT, VEC>;
+  static constexpr int kHeads = ROPE_AB_HEADS > 0 ? ROPE_AB_HEADS : G::kHeads;
   static constexpr int kBlockTarget = 128;  // threads per block: more, smaller blocks per SM than 256
   static constexpr int kGroups = G::groups_for(kBlockTarget);
   static constexpr int kBlock = G::kLanes * kGroups;
@@ -332,8 +343,8 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
   // The heads of item (t, chunk): the first is at base, the next ones hs apart.
   auto item = [&](int64_t t, int chunk, int64_t& hs, int& nheads) {
     const bool is_q = chunk < p.q_chunks;
-    const int h0 = (is_q ? chunk : chunk - p.q_chunks) * G::kHeads;
-    nheads = min(G::kHeads, (is_q ? p.q_heads : p.k_heads) - h0);
+    const int h0 = (is_q ? chunk : chunk - p.q_chunks) * C::kHeads;
+    nheads = min(C::kHeads, (is_q ? p.q_heads : p.k_heads) - h0);
     hs = is_q ? p.q_stride_h : p.k_stride_h;
     return is_q ? q + t * p.q_stride_t + h0 * hs : k + t * p.k_stride_t + h0 * hs;
   };
@@ -344,7 +355,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
       int nheads;
       const T* base = item(w.t, w.chunk, hs, nheads);
 #pragma unroll
-      for (int h = 0; h < G::kHeads; ++h) {
+      for (int h = 0; h < C::kHeads; ++h) {
         if (h < nheads) {
           prefetch_l2(base + h * hs + off1);
           prefetch_l2(base + h * hs + off2);
@@ -354,7 +365,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     }
   }
   pdl_wait();  // q, k, positions may be written by the previous kernel
-  pdl_launch_dependents();
+  if (!ROPE_AB_LATE_TRIGGER) pdl_launch_dependents();
   for (ItemWalk w(p, G::kLanes, C::kGroups); w.t < p.num_tokens; w.next(p)) {
     const int64_t t = w.t;
     int64_t hs;
@@ -365,9 +376,9 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     // overlaps them and only the cos/sin load waits for it (one memory round trip less; it is
     // what a single token's latency is made of).
     using Vec = HeadVec<T, VEC>;
-    Vec a[G::kHeads], b[G::kHeads];
+    Vec a[C::kHeads], b[C::kHeads];
 #pragma unroll
-    for (int h = 0; h < G::kHeads; ++h) {
+    for (int h = 0; h < C::kHeads; ++h) {
       if (h < nheads) {  // (unconditional loads get sunk below the position's check)
         a[h].load(base + h * hs + off1);
         b[h].load(base + h * hs + off2);
@@ -378,7 +389,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     float c[VEC], s[VEC];
     load_cos_sin<ROT, NEOX, VEC>(cos_sin + static_cast<int64_t>(pos) * p.cache_stride, lane, c, s);
 #pragma unroll
-    for (int h = 0; h < G::kHeads; ++h) {
+    for (int h = 0; h < C::kHeads; ++h) {
       if (h < nheads) {
         rotate<T, NEOX, VEC, kRoundProducts>(a[h], b[h], c, s);
         a[h].template store_out<kStreamStores>(base + h * hs + off1);
@@ -386,6 +397,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
       }
     }
   }
+  if (ROPE_AB_LATE_TRIGGER) pdl_launch_dependents();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -761,7 +773,7 @@ inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads,
 // kRoundProducts: the op's round_products (rotate()).
 template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, bool kRoundProducts = false>
 struct RopeKernel {
-  static constexpr int kVec = widest_vec<T, ROT / 2>();
+  static constexpr int kVec = std::min(widest_vec<T, ROT / 2>(), ROPE_AB_VEC);
 
   static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox,
                   bool round_products);
@@ -777,8 +789,8 @@ struct RopeLaunch {
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(q.size(1));
     p.k_heads = static_cast<int32_t>(k.size(1));
-    p.q_chunks = div_ceil(p.q_heads, G::kHeads);
-    p.k_chunks = div_ceil(p.k_heads, G::kHeads);
+    p.q_chunks = div_ceil(p.q_heads, C::kHeads);
+    p.k_chunks = div_ceil(p.k_heads, C::kHeads);
     p.chunks = p.q_chunks + p.k_chunks;
     p.num_tokens = n;
     p.q_stride_t = q.stride(0);
