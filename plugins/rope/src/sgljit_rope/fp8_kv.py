@@ -36,6 +36,9 @@ from sgljit.op import Case, Cuda, Scalar, Sycl, Tensor
 from . import fp8_kv_reference as reference
 from .ops import family
 
+# The ops (rope_fp8, rope_fp8_append_paged, paged_kv_append) are named apart from the public
+# functions: those take FlashInfer's signatures, which the conformance suite's binding of a public
+# function's parameters to its op's arguments does not fit.
 __all__ = [
     "append_paged_kv_cache",
     "append_paged_mla_kv_cache",
@@ -65,9 +68,13 @@ def _check_rotary(cos_sin_cache: torch.Tensor) -> None:
     """What the kernels need of the table beyond its declared shape (CUDA checks it in C++)."""
     max_pos, rot = cos_sin_cache.shape
     if rot <= 0 or rot % 2:
-        raise ValueError(f"cos_sin_cache: its width {rot} (rotary_dim) must be a positive even number")
+        raise ValueError(
+            f"cos_sin_cache: its width {rot} (rotary_dim) must be a positive even number"
+        )
     if max_pos == 0:
-        raise ValueError("cos_sin_cache: has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)")
+        raise ValueError(
+            "cos_sin_cache: has no rows (expected [max_pos, rotary_dim] with max_pos >= 1)"
+        )
 
 
 def _check_indptr(kv_indptr: torch.Tensor) -> None:
@@ -243,7 +250,9 @@ def _rope_fp8_case(tokens, heads, rot, nope, dtype, fp8, is_neox=True, *, idx=to
         positions = torch.randint(0, 64, (tokens,), dtype=idx, device=device)
         if tokens > 2:
             positions[2] = 64 + 3  # out of the table: quantized unrotated
-        outs = [torch.empty(x.shape, device=device, dtype=fp8) for x in (q_rope, k_rope, q_nope, k_nope)]
+        outs = [
+            torch.empty(x.shape, device=device, dtype=fp8) for x in (q_rope, k_rope, q_nope, k_nope)
+        ]
         return (q_rope, k_rope, q_nope, k_nope, _table(64, rot, device), positions, *outs,
                 *scales, is_neox)  # fmt: skip
 
@@ -290,7 +299,9 @@ def _paged_case(seq_lens, append_lens, heads, rot, nope, v_dim, page_size, dtype
             if hnd:
                 c = torch.full((num_pages, hk, page_size, width), float("nan"), device=device)
                 return c.to(cache_dtype).transpose(1, 2)
-            return torch.full((num_pages, page_size, hk, width), float("nan"), device=device).to(cache_dtype)
+            return torch.full((num_pages, page_size, hk, width), float("nan"), device=device).to(
+                cache_dtype
+            )
 
         if mla:
             return one(rot), one(nope), one(0)
@@ -333,24 +344,48 @@ _ROPE_FP8_CASES = [
     _rope_fp8_case(7, (8, 2), 64, 64, torch.bfloat16, _E4M3),
     _rope_fp8_case(5, (4, 2), 128, 0, torch.float16, _E5M2, False, idx=torch.int32),
     _rope_fp8_case(6, (16, 1), 64, 512, torch.bfloat16, _E4M3, views=True, label="MLA views"),
-    _rope_fp8_case(4, (3, 1), 32, 16, torch.float32, _E4M3, False, scales=(150.0, 300.0),
-                   spread=3.0, label="saturating"),  # fmt: skip
+    _rope_fp8_case(
+        4,
+        (3, 1),
+        32,
+        16,
+        torch.float32,
+        _E4M3,
+        False,
+        scales=(150.0, 300.0),
+        spread=3.0,
+        label="saturating",
+    ),
 ]
 _PAGED_CASES = [
     _paged_case((5, 9, 1), (2, 3, 1), (8, 2), 64, 64, 128, 4, torch.bfloat16, _E4M3),
-    _paged_case((5, 17), (5, 2), (4, 2), 128, 0, 128, 16, torch.float16, _E5M2, hnd=True,
-                is_neox=False, idx=torch.int32),  # fmt: skip
+    _paged_case(
+        (5, 17),
+        (5, 2),
+        (4, 2),
+        128,
+        0,
+        128,
+        16,
+        torch.float16,
+        _E5M2,
+        hnd=True,
+        is_neox=False,
+        idx=torch.int32,
+    ),
     _paged_case((3, 8, 2), (3, 1, 2), (16, 1), 64, 512, 0, 2, torch.bfloat16, _E4M3, mla=True),
-    _paged_case((9, 4, 6), (4, 4, 3), (4, 2), 32, 32, 64, 4, torch.bfloat16, _E4M3, hnd=True,
-                bad=True),  # fmt: skip
+    _paged_case(
+        (9, 4, 6), (4, 4, 3), (4, 2), 32, 32, 64, 4, torch.bfloat16, _E4M3, hnd=True, bad=True
+    ),
 ]
 _APPEND_CASES = [
     _paged_case((5, 9, 1), (2, 3, 1), (8, 2), 128, 0, 128, 4, torch.bfloat16, _E4M3, fused=False),
     _paged_case((7, 3), (7, 1), (4, 3), 64, 0, 64, 16, torch.float16, _E4M3, hnd=True, fused=False),
     _paged_case((4, 5), (2, 5), (4, 1), 512, 0, 64, 8, _E4M3, _E4M3, fused=False, label="MLA"),
     _paged_case((6, 2), (3, 2), (4, 2), 64, 0, 32, 2, _E5M2, _E4M3, hnd=True, fused=False),
-    _paged_case((9, 4, 6), (4, 4, 3), (4, 2), 32, 0, 32, 4, torch.float32, _E4M3, bad=True,
-                fused=False),  # fmt: skip
+    _paged_case(
+        (9, 4, 6), (4, 4, 3), (4, 2), 32, 0, 32, 4, torch.float32, _E4M3, bad=True, fused=False
+    ),
 ]
 
 
@@ -377,7 +412,7 @@ def _cuda(symbol: str, key) -> Cuda:
 
 
 _rope_quantize_fp8 = family.op(
-    "rope_quantize_fp8",
+    "rope_fp8",
     args={
         "q_rope": _Q_ROPE,
         "k_rope": _K_ROPE,
@@ -399,7 +434,9 @@ _rope_quantize_fp8 = family.op(
         "sgljit_rope_fp8::RopeQuantizeFp8<{dtype}, {fp8_dtype}, {idx_dtype}, {is_neox}>::run",
         _rope_fp8_key,
     ),
-    sycl=Sycl("sycl/fp8_kv.hpp", key=_sycl_rope_fp8_key, launch=_launch_rope_fp8, module="rope_fp8"),
+    sycl=Sycl(
+        "sycl/fp8_kv.hpp", key=_sycl_rope_fp8_key, launch=_launch_rope_fp8, module="rope_fp8"
+    ),
     prebuild={
         "cuda": [
             dict(zip(_ROPE_PARAMS, (dt, _E4M3, torch.int64, True), strict=True))
@@ -410,7 +447,7 @@ _rope_quantize_fp8 = family.op(
 )
 
 _rope_quantize_fp8_append_paged = family.op(
-    "rope_quantize_fp8_append_paged",
+    "rope_fp8_append_paged",
     args={
         "q_rope": _Q_ROPE,
         "k_rope": _K_ROPE,
@@ -421,12 +458,15 @@ _rope_quantize_fp8_append_paged = family.op(
         "positions": _POSITIONS,
         "q_rope_out": Tensor("num_tokens", "q_heads", "rotary_dim", dtype=FP8_DTYPES, io="out"),
         "q_nope_out": Tensor("num_tokens", "q_heads", "nope_dim", dtype="q_rope_out", io="out"),
-        "k_rope_cache": Tensor("num_pages", "page_size", "k_heads", "rotary_dim",
-                               dtype="q_rope_out", io="inout"),  # fmt: skip
-        "k_nope_cache": Tensor("num_pages", "page_size", "k_heads", "nope_dim",
-                               dtype="q_rope_out", io="inout"),  # fmt: skip
-        "v_cache": Tensor("num_pages", "page_size", "k_heads", "v_dim", dtype="q_rope_out",
-                          io="inout"),  # fmt: skip
+        "k_rope_cache": Tensor(
+            "num_pages", "page_size", "k_heads", "rotary_dim", dtype="q_rope_out", io="inout"
+        ),
+        "k_nope_cache": Tensor(
+            "num_pages", "page_size", "k_heads", "nope_dim", dtype="q_rope_out", io="inout"
+        ),
+        "v_cache": Tensor(
+            "num_pages", "page_size", "k_heads", "v_dim", dtype="q_rope_out", io="inout"
+        ),
         **_PAGE_TABLE,
         "scale_q": _FP8_SCALE,
         "scale_k": _FP8_SCALE,
@@ -451,7 +491,7 @@ _rope_quantize_fp8_append_paged = family.op(
 )
 
 _append_paged_kv_cache = family.op(
-    "append_paged_kv_cache",
+    "paged_kv_append",
     args={
         "k": Tensor("num_tokens", "k_heads", "k_dim", dtype=_APPEND_DTYPES),
         "v": Tensor("num_tokens", "k_heads", "v_dim", dtype="k"),
@@ -461,9 +501,366 @@ _append_paged_kv_cache = family.op(
     },
     reference=_reference_append,
     doc=reference.append_paged_kv_cache_into.__doc__,
-    cuda=Cuda("csrc/fp8_kv.cuh", "sgljit_rope_fp8::AppendPagedKV<{bytes}>::run", key=_append_key,
-              params=("bytes",)),  # fmt: skip
+    cuda=Cuda(
+        "csrc/fp8_kv.cuh",
+        "sgljit_rope_fp8::AppendPagedKV<{bytes}>::run",
+        key=_append_key,
+        params=("bytes",),
+    ),
     sycl=Sycl("sycl/paged_append.hpp", key=_sycl_append_key, launch=_launch_append),
     prebuild={"cuda": [{"bytes": n} for n in (1, 2)]},
     cases=_APPEND_CASES,
 )
+
+
+# ------------------------------------------------------------------------------------------------
+# Public functions (FlashInfer's signatures, defaults and returns; sgljit.compat.flashinfer
+# re-exports them). The ops check shapes, dtypes, strides, devices and overlap.
+
+
+def _fp8_dtype(quantize_dtype, *tensors) -> torch.dtype:
+    """The fp8 dtype: ``quantize_dtype``, else the first given tensor's, else float8_e4m3fn."""
+    if quantize_dtype is None:
+        quantize_dtype = next((t.dtype for t in tensors if t is not None), _E4M3)
+    if quantize_dtype not in FP8_DTYPES:
+        raise ValueError(
+            f"quantize_dtype: expected torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype}"
+        )
+    return quantize_dtype
+
+
+def _scale(value, name: str) -> float:
+    """A per-tensor scale: a Python number or a one-element tensor (read on the host)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name}: expected a float or a one-element tensor, got shape {tuple(value.shape)}"
+            )
+        value = float(value.item())
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    return float(value)
+
+
+def _nope(x, like: torch.Tensor, name: str) -> torch.Tensor:
+    """The non-rotary part: ``x``, or a zero-width tensor of ``like``'s rows and heads."""
+    if x is None:
+        return like.new_empty((*like.shape[:-1], 0))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(x).__name__}")
+    return x
+
+
+def _heads3(x: torch.Tensor, name: str) -> torch.Tensor:
+    """An MLA tensor ``[T, D]`` as ``[T, 1, D]`` (a view); ``[T, H, D]`` as it is."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    return x.unsqueeze(1) if x.dim() == 2 else x
+
+
+def _out(given, like: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    if given is None:
+        return torch.empty(like.shape, dtype=dtype, device=like.device)
+    if not isinstance(given, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(given).__name__}")
+    return given
+
+
+def rope_quantize_fp8(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor | None,
+    k_nope: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: torch.dtype | None = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    q_rope_out: torch.Tensor | None = None,
+    k_rope_out: torch.Tensor | None = None,
+    q_nope_out: torch.Tensor | None = None,
+    k_nope_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rope on the rotary parts of q and k, then every part quantized to fp8 (FlashInfer's
+    ``rope_quantize_fp8``): ``out = fp8(x * scale)``, saturating, ``quant_scale_q`` for q's parts
+    and ``quant_scale_kv`` for k's.
+
+    q_rope ``[T, Hq, R]``, q_nope ``[T, Hq, N]`` (or None: N = 0); k_rope/k_nope ``[T, Hk, *]`` or
+    MLA ``[T, *]``; float16/bfloat16 (float32 too). cos_sin_cache float32 ``[max_pos, R]`` (cos |
+    sin); pos_ids int32/int64 ``[T]``. ``quantize_dtype``: float8_e4m3fn or float8_e5m2 (default: the
+    given outputs', else e4m3). Returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)`` of the
+    inputs' shapes (the given outputs, written)."""
+    mla = isinstance(k_rope, torch.Tensor) and k_rope.dim() == 2
+    q_nope = _nope(q_nope, q_rope, "q_nope")
+    k_nope = _nope(k_nope, k_rope, "k_nope")
+    dtype = _fp8_dtype(quantize_dtype, q_rope_out, k_rope_out, q_nope_out, k_nope_out)
+    outs = [_out(o, x, dtype, n) for o, x, n in ((q_rope_out, q_rope, "q_rope_out"),
+            (k_rope_out, k_rope, "k_rope_out"), (q_nope_out, q_nope, "q_nope_out"),
+            (k_nope_out, k_nope, "k_nope_out"))]  # fmt: skip
+    k3 = [_heads3(x, n) for x, n in ((k_rope, "k_rope"), (k_nope, "k_nope"))]
+    k_outs = [_heads3(x, n) for x, n in ((outs[1], "k_rope_out"), (outs[3], "k_nope_out"))]
+    if mla and k_nope.dim() != 2:
+        raise ValueError(
+            f"k_nope: k_rope is [T, R] (MLA), so k_nope must be [T, N]; got shape {tuple(k_nope.shape)}"
+        )
+    _rope_quantize_fp8(q_rope, k3[0], q_nope, k3[1], cos_sin_cache, pos_ids.contiguous(),
+                       outs[0], k_outs[0], outs[2], k_outs[1], _scale(quant_scale_q, "quant_scale_q"),
+                       _scale(quant_scale_kv, "quant_scale_kv"), is_neox)  # fmt: skip
+    return outs[0], outs[1], outs[2], outs[3]
+
+
+def _layout_views(cache: torch.Tensor, kv_layout: str, name: str) -> torch.Tensor:
+    """A cache as ``[P, page, H, D]`` (NHD as it is; HND ``[P, H, page, D]`` as a transposed view);
+    a 3-D MLA cache ``[P, page, D]`` as ``[P, page, 1, D]``."""
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(cache).__name__}")
+    if cache.dim() == 3:
+        return cache.unsqueeze(2)
+    if cache.dim() != 4:
+        raise ValueError(f"{name}: expected a 4-D paged cache, got shape {tuple(cache.shape)}")
+    return cache.transpose(1, 2) if kv_layout == "HND" else cache
+
+
+def _check_layout(kv_layout) -> None:
+    if kv_layout not in _LAYOUTS:
+        raise ValueError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+
+
+def check_page_table(kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions,
+                     num_pages: int, page_size: int) -> None:  # fmt: skip
+    """Raise an error naming the first argument whose contents are wrong: ``kv_indptr`` not
+    starting at >= 0, decreasing, or past ``kv_indices``; an index outside ``[0, num_pages)``; a
+    ``kv_last_page_len`` (if given) outside ``[1, page_size]`` for a sequence with pages (0 for one
+    without); a batch index outside the batch; a position negative or past its sequence (its pages,
+    or its length where ``kv_last_page_len`` is given). Reads the tensors (a device sync)."""
+    indptr = kv_indptr.long().cpu()
+    batch = indptr.shape[0] - 1
+    if batch < 0:
+        raise ValueError("kv_indptr: expected batch_size + 1 >= 1 entries, got 0")
+    if indptr[0] < 0 or bool((indptr.diff() < 0).any()) or indptr[-1] > kv_indices.shape[0]:
+        raise ValueError(
+            f"kv_indptr: expected non-decreasing offsets from >= 0 up to len(kv_indices) = "
+            f"{kv_indices.shape[0]}, got {indptr.tolist()[:16]}"
+        )
+    indices = kv_indices.long().cpu()[int(indptr[0]) : int(indptr[-1])]
+    if indices.numel() and (indices.min() < 0 or indices.max() >= num_pages):
+        raise ValueError(
+            f"kv_indices: expected pages in [0, {num_pages}), got one of {int(indices.min())}..{int(indices.max())}"
+        )
+    pages = indptr.diff()
+    capacity = pages * page_size
+    if kv_last_page_len is not None:
+        last = kv_last_page_len.long().cpu()
+        if last.shape != (batch,):
+            raise ValueError(
+                f"kv_last_page_len: expected shape ({batch},), got {tuple(last.shape)}"
+            )
+        bad = torch.where(pages > 0, (last < 1) | (last > page_size), last != 0)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"kv_last_page_len: expected a length in [1, page_size = {page_size}] for each "
+                f"sequence with pages (0 without), got {int(last[b])} for sequence {b}"
+            )
+        capacity = (pages - 1).clamp(min=0) * page_size + last
+    b = batch_indices.long().cpu()
+    if b.numel() and (b.min() < 0 or b.max() >= batch):
+        raise ValueError(
+            f"batch_indices: expected sequences in [0, {batch}), got one of {int(b.min())}..{int(b.max())}"
+        )
+    pos = positions.long().cpu()
+    bad = (pos < 0) | (pos >= capacity[b]) if b.numel() else pos < 0
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"positions: token {t} of sequence {int(b[t])} at position {int(pos[t])} lies outside "
+            f"its {int(capacity[b[t]])} cache entries"
+        )
+
+
+def _validate(kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions, cache) -> None:
+    """check_page_table where it is cheap (every page-table tensor on the CPU) or asked for
+    (SGLJIT_CHECK_INDICES=1; not while compiling or capturing)."""
+    tensors = [t for t in (kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions)
+               if t is not None]  # fmt: skip
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or not isinstance(cache, torch.Tensor):
+        return  # the op names what is not a tensor
+    if any(t.dim() != 1 for t in tensors) or cache.dim() != 4:
+        return  # the op names the shape
+    on_cpu = all(t.device.type == "cpu" for t in tensors)
+    if not on_cpu:
+        if not _CHECK_INDICES or torch.compiler.is_compiling():
+            return
+        if any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing():
+            return
+    check_page_table(kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions,
+                     cache.shape[0], cache.shape[1])  # fmt: skip
+
+
+def rope_quantize_fp8_append_paged_kv_cache(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor | None,
+    k_nope: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: torch.dtype | None = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    page_size: int = 16,
+    kv_layout: str = "NHD",
+    q_rope_out: torch.Tensor | None = None,
+    q_nope_out: torch.Tensor | None = None,
+    *,
+    quant_scale_v: float | None = None,
+    kv_last_page_len: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rope, fp8 quantize and append k (and v) into a paged fp8 cache in one launch (FlashInfer's
+    ``rope_quantize_fp8_append_paged_kv_cache``); returns the quantized ``(q_rope_out, q_nope_out)``.
+
+    GQA/MHA (``v`` given): ``paged_kv_cache = (k_cache, v_cache)``, NHD ``[P, page_size, Hk, R + N]``
+    (k: rotary dims first) and ``[P, page_size, Hk, Dv]``, or HND ``[P, Hk, page_size, *]``. MLA
+    (``v`` None, k_rope ``[T, R]``, k_nope ``[T, N]``): ``paged_kv_cache = (ckv_cache, kpe_cache)``,
+    ``[P, page_size, N]`` and ``[P, page_size, R]``. The caches' dtype is the fp8 dtype
+    (``quantize_dtype``, if given, must match it). ``pos_ids``: the rope positions; ``batch_indices``
+    and ``positions`` (int32, :func:`get_batch_indices_positions`) place each token. k and v are
+    scaled by ``quant_scale_kv`` (v by ``quant_scale_v`` where given: sgljit's addition).
+    ``kv_last_page_len`` (sgljit's addition) lets the page-table check bound each position by its
+    sequence's length."""
+    _check_layout(kv_layout)
+    if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2:
+        raise ValueError(
+            "paged_kv_cache: expected a tuple of two caches, (k_cache, v_cache) or (ckv_cache, kpe_cache)"
+        )
+    mla = v is None
+    q_nope = _nope(q_nope, q_rope, "q_nope")
+    k_nope = _nope(k_nope, k_rope, "k_nope")
+    first, second = paged_kv_cache
+    if mla:
+        kpe = _layout_views(second, kv_layout, "paged_kv_cache[1]")
+        ckv = _layout_views(first, kv_layout, "paged_kv_cache[0]")
+        k_rope_cache, k_nope_cache = kpe, ckv
+        v_cache = kpe[..., :0]
+        k3, kn3 = _heads3(k_rope, "k_rope"), _heads3(k_nope, "k_nope")
+        v = k3[..., :0]
+    else:
+        k_cache = _layout_views(first, kv_layout, "paged_kv_cache[0]")
+        v_cache = _layout_views(second, kv_layout, "paged_kv_cache[1]")
+        rot = q_rope.shape[-1]
+        if k_cache.shape[-1] != rot + k_nope.shape[-1]:
+            raise ValueError(
+                f"paged_kv_cache[0]: head size {k_cache.shape[-1]} is not rotary + other dims "
+                f"({rot} + {k_nope.shape[-1]})"
+            )
+        k_rope_cache, k_nope_cache = k_cache[..., :rot], k_cache[..., rot:]
+        k3, kn3 = k_rope, k_nope
+    if not isinstance(page_size, int) or k_rope_cache.shape[1] != page_size:
+        raise ValueError(
+            f"page_size: {page_size!r} does not match the caches' page size {k_rope_cache.shape[1]}"
+        )
+    dtype = k_rope_cache.dtype
+    if dtype not in FP8_DTYPES:
+        raise ValueError(
+            f"paged_kv_cache: expected float8_e4m3fn or float8_e5m2 caches, got {dtype}"
+        )
+    if quantize_dtype is not None and _fp8_dtype(quantize_dtype) != dtype:
+        raise ValueError(f"quantize_dtype: {quantize_dtype} differs from the caches' dtype {dtype}")
+    q_rope_out = _out(q_rope_out, q_rope, dtype, "q_rope_out")
+    q_nope_out = _out(q_nope_out, q_nope, dtype, "q_nope_out")
+    scale_kv = _scale(quant_scale_kv, "quant_scale_kv")
+    scale_v = scale_kv if quant_scale_v is None else _scale(quant_scale_v, "quant_scale_v")
+    _validate(kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions, k_rope_cache)
+    _rope_quantize_fp8_append_paged(
+        q_rope, k3, q_nope, kn3, v, cos_sin_cache, pos_ids.contiguous(), q_rope_out, q_nope_out,
+        k_rope_cache, k_nope_cache, v_cache, kv_indices, kv_indptr, batch_indices, positions,
+        _scale(quant_scale_q, "quant_scale_q"), scale_kv, scale_v, is_neox,
+    )  # fmt: skip
+    return q_rope_out, q_nope_out
+
+
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str = "NHD",
+) -> None:
+    """Append k/v ``[nnz, Hk, D]`` into a paged cache (FlashInfer's ``append_paged_kv_cache``):
+    ``paged_kv_cache`` is ``(k_cache, v_cache)``, each NHD ``[P, page_size, Hk, D]`` or HND
+    ``[P, Hk, page_size, D]``, or one tensor ``[P, 2, page_size, Hk, D]`` (HND ``[P, 2, Hk,
+    page_size, D]``). Same dtype as the cache: float16/bfloat16/float32/float8 (copied exactly)."""
+    _check_layout(kv_layout)
+    if isinstance(paged_kv_cache, torch.Tensor):
+        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
+            raise ValueError(
+                f"paged_kv_cache: expected (k_cache, v_cache) or one [P, 2, ...] tensor, got shape "
+                f"{tuple(paged_kv_cache.shape)}"
+            )
+        paged_kv_cache = (paged_kv_cache[:, 0], paged_kv_cache[:, 1])
+    if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2:
+        raise ValueError("paged_kv_cache: expected (k_cache, v_cache) or one [P, 2, ...] tensor")
+    k_cache = _layout_views(paged_kv_cache[0], kv_layout, "paged_kv_cache[0]")
+    v_cache = _layout_views(paged_kv_cache[1], kv_layout, "paged_kv_cache[1]")
+    _validate(kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions, k_cache)
+    _append_paged_kv_cache(append_key, append_value, k_cache, v_cache, kv_indices, kv_indptr,
+                           batch_indices, positions)  # fmt: skip
+
+
+def append_paged_mla_kv_cache(
+    append_ckv: torch.Tensor,
+    append_kpe: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+) -> None:
+    """Append MLA's compressed kv ``[nnz, N]`` and rotary key ``[nnz, R]`` into ``ckv_cache``
+    ``[P, page_size, N]`` and ``kpe_cache`` ``[P, page_size, R]`` (FlashInfer's
+    ``append_paged_mla_kv_cache``); same dtype as the caches."""
+    ckv = _heads3(append_ckv, "append_ckv")
+    kpe = _heads3(append_kpe, "append_kpe")
+    ckv_c = _layout_views(ckv_cache, "NHD", "ckv_cache")
+    kpe_c = _layout_views(kpe_cache, "NHD", "kpe_cache")
+    _validate(kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions, ckv_c)
+    _append_paged_kv_cache(ckv, kpe, ckv_c, kpe_c, kv_indices, kv_indptr, batch_indices, positions)
+
+
+def get_seq_lens(
+    kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """Each sequence's length in the paged cache: ``max(pages - 1, 0) * page_size + last_page_len``
+    (FlashInfer's ``get_seq_lens``; int64 as its arithmetic gives)."""
+    return (kv_indptr[1:] - kv_indptr[:-1] - 1).clamp(min=0) * page_size + kv_last_page_len
+
+
+def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
+                                nnz: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(batch_indices, positions), int32 ``[nnz]``, of appended tokens (FlashInfer's
+    ``get_batch_indices_positions``): sequence b appends rows ``append_indptr[b]:append_indptr[b +
+    1]``, which take the last positions of its ``seq_lens[b]`` (its length after the append). No
+    host sync: ``nnz`` sizes the outputs."""
+    if not isinstance(nnz, int) or nnz < 0:
+        raise ValueError(f"nnz: expected a non-negative int, got {nnz!r}")
+    device = append_indptr.device
+    lengths = append_indptr.diff().long()
+    batch = torch.arange(lengths.shape[0], device=device)
+    batch_indices = torch.repeat_interleave(batch, lengths, output_size=nnz)
+    rows = torch.arange(nnz, device=device)
+    start = append_indptr.long()[:-1][batch_indices]
+    first = (seq_lens.long() - lengths)[batch_indices]
+    return batch_indices.to(torch.int32), (rows - start + first).to(torch.int32)

@@ -92,7 +92,9 @@ def rope_quantize_fp8_append_paged_into(q_rope, k_rope, q_nope, k_nope, v, cos_s
     q_nope_out.copy_(quantize_fp8(_math(q_nope), scale_q, dtype))
     ok, page, entry = page_slots(kv_indices, kv_indptr, batch_indices, page_positions,
                                  k_rope_cache.shape[0], k_rope_cache.shape[1])  # fmt: skip
-    _store(k_rope_cache, ok, page, entry, _rope_quant(k_rope, cos, sin, valid, is_neox, scale_k, dtype))
+    _store(
+        k_rope_cache, ok, page, entry, _rope_quant(k_rope, cos, sin, valid, is_neox, scale_k, dtype)
+    )
     _store(k_nope_cache, ok, page, entry, quantize_fp8(_math(k_nope), scale_k, dtype))
     _store(v_cache, ok, page, entry, quantize_fp8(_math(v), scale_v, dtype))
 
