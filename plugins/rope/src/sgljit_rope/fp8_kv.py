@@ -118,6 +118,11 @@ def _items_geometry(items: int) -> tuple[int, int]:
 _ROPE_SYCL_ARGS = ("ptr",) * 16 + ("i64",) * 37 + ("f32",) * 3
 
 
+def _pages(cache: torch.Tensor) -> tuple[int, int]:
+    """(num_pages, page_size) a kernel may store into: none where pages have no entries."""
+    return (cache.shape[0], cache.shape[1]) if cache.shape[1] else (0, 1)
+
+
 def _launch_rope_sycl(module, *, q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, positions,
                       q_rope_out, q_nope_out, k_rope_out, k_nope_out, v_out, table, scales,
                       paged) -> None:  # fmt: skip
@@ -135,7 +140,7 @@ def _launch_rope_sycl(module, *, q_rope, k_rope, q_nope, k_nope, v, cos_sin_cach
         return (x.stride(0), x.stride(1), x.stride(2)) if paged else (x.stride(0), 0, x.stride(1))
 
     kv_indices, kv_indptr, _, _ = table
-    num_pages, page_size = (k_rope_out.shape[0], k_rope_out.shape[1]) if paged else (T, 1)
+    num_pages, page_size = _pages(k_rope_out) if paged else (T, 1)
     fn(g, loc, q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, positions, q_rope_out, q_nope_out,
        k_rope_out, k_nope_out, v_out, *table,
        T, hq, hk, hv, q_rope.shape[2], q_nope.shape[2], v.shape[2] if paged else 0,
@@ -197,7 +202,7 @@ def _launch_append(module, key, k, v, k_cache, v_cache, kv_indices, kv_indptr, b
        T, heads, k.shape[2], v.shape[2], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-       kv_indices.shape[0], kv_indptr.shape[0] - 1, k_cache.shape[0], k_cache.shape[1])  # fmt: skip
+       kv_indices.shape[0], kv_indptr.shape[0] - 1, *_pages(k_cache))  # fmt: skip
 
 
 def _reference_rope_fp8(*args) -> None:

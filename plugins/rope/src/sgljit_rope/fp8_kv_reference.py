@@ -56,8 +56,8 @@ def page_slots(kv_indices, kv_indptr, batch_indices, page_positions, num_pages: 
     the page in ``[0, num_pages)``."""
     batch = max(kv_indptr.shape[0] - 1, 0)
     b, pos = batch_indices.long(), page_positions.long()
-    ok = (b >= 0) & (b < batch) & (pos >= 0)
-    if batch == 0:
+    ok = (b >= 0) & (b < batch) & (pos >= 0) & (page_size > 0)
+    if batch == 0 or page_size == 0:
         zeros = torch.zeros_like(b)
         return ok, zeros, zeros
     bc = b.clamp(0, batch - 1)

@@ -26,8 +26,12 @@ Where this differs on purpose:
   with ``freq`` rounded from float64 and cos/sin evaluated accurately (FlashInfer: ``__powf`` and
   ``__sincosf``, fast approximations); the table is one ``[nnz, rotary_dim]`` float32 row per token
   (an extra pass over ``nnz * rotary_dim * 4`` bytes before the rotation, no host sync).
-- A position outside the cache (``*_cos_sin_cache``) leaves its token unrotated (see
-  ``sgljit.ops.apply_rope``); FlashInfer reads out of bounds.
+- A position outside the cache (``*_cos_sin_cache``, ``rope_quantize_fp8*``) leaves its token
+  unrotated (see ``sgljit.ops.apply_rope``); FlashInfer reads out of bounds.
+- fp8 (taken from FlashInfer's documentation and kernels as we read them): the rotated value is
+  multiplied by ``quant_scale_q`` / ``quant_scale_kv`` in float32 and rounded to nearest even with
+  saturation to the format's finite range (its ``__nv_fp8_*`` conversions); a scale may also be a
+  one-element tensor (read on the host). ``enable_pdl`` is accepted and ignored.
 """
 
 from __future__ import annotations

@@ -161,8 +161,8 @@ inline PageTable table_of(const TensorView& kv_indices, const TensorView& kv_ind
           static_cast<const int32_t*>(page_positions.data_ptr()),
           kv_indices.size(0),
           entries - 1,
-          cache.size(0),
-          cache.size(1)};
+          cache.size(1) > 0 ? cache.size(0) : 0,  // pages of no entries: nothing can be stored
+          cache.size(1) > 0 ? cache.size(1) : 1};
 }
 
 inline void check_rotary(const TensorView& cos_sin_cache, int64_t rot) {
