@@ -2,7 +2,8 @@
 //
 // Work decomposition: a warp per *item* (token t, one head of one tensor), four items a block. Items
 // of a token: q heads, then k heads, then (paged) v heads. The warp's lanes stride over the head's
-// rotary pairs (neox (i, i + R/2), gptj (2i, 2i + 1)) and then over its other elements. Math in
+// rotary pairs (neox (i, i + R/2), gptj (2i, 2i + 1)) and then over its other elements, kVec
+// elements a step where every width, pointer and stride of the call allows it (else one). Math in
 // fp32: the rotated value times the scale, rounded to nearest even with saturation to the format's
 // finite range (FlashInfer's cast; NaN stays NaN).
 //
@@ -21,6 +22,8 @@
 #include <sgljit/utils.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace sgljit_rope_fp8 {
 
@@ -82,30 +85,68 @@ SGLJIT_DEVICE Q quantize(float x) {
 }
 
 // The rotary part of one head (rot elements; row: the token's cos | sin, null: unrotated), times
-// scale, into y.
-template <typename T, typename Q, bool NEOX>
+// scale, into y. A lane holds V elements a step: neox, V pairs (i, i + rot/2); gptj, V/2 adjacent
+// pairs (V == 1: one element of a pair is the lane's, so a lane takes a whole pair).
+template <typename T, typename Q, bool NEOX, int V>
 SGLJIT_DEVICE void rope_quant_head(const T* __restrict__ x, Q* __restrict__ y, int rot,
                                    const float* __restrict__ row, float scale, int lane) {
   const int half = rot / 2;
-  for (int i = lane; i < half; i += 32) {
-    const int i1 = NEOX ? i : 2 * i, i2 = NEOX ? i + half : 2 * i + 1;
-    float a = to_float(x[i1]), b = to_float(x[i2]);
-    if (row != nullptr) {
-      const float c = row[i], s = row[half + i];
-      const float ra = a * c - b * s, rb = b * c + a * s;
-      a = ra, b = rb;
+  if constexpr (NEOX || V == 1) {
+    for (int i = lane * V; i < half; i += 32 * V) {
+      AlignedVector<T, V> a, b;
+      AlignedVector<Q, V> ya, yb;
+      const int i1 = NEOX ? i : 2 * i, i2 = NEOX ? i + half : 2 * i + 1;  // gptj: V == 1
+      a.load(x + i1);
+      b.load(x + i2);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        float u = to_float(a[j]), w = to_float(b[j]);
+        if (row != nullptr) {
+          const float c = row[i + j], s = row[half + i + j];
+          const float ru = u * c - w * s, rw = w * c + u * s;
+          u = ru, w = rw;
+        }
+        ya[j] = quantize<Q>(u * scale);
+        yb[j] = quantize<Q>(w * scale);
+      }
+      ya.store(y + i1);
+      yb.store(y + i2);
     }
-    y[i1] = quantize<Q>(a * scale);
-    y[i2] = quantize<Q>(b * scale);
+  } else {
+    for (int e = lane * V; e < rot; e += 32 * V) {
+      AlignedVector<T, V> a;
+      AlignedVector<Q, V> ya;
+      a.load(x + e);
+#pragma unroll
+      for (int j = 0; j < V; j += 2) {
+        float u = to_float(a[j]), w = to_float(a[j + 1]);
+        if (row != nullptr) {
+          const int pair = (e + j) / 2;
+          const float c = row[pair], s = row[half + pair];
+          const float ru = u * c - w * s, rw = w * c + u * s;
+          u = ru, w = rw;
+        }
+        ya[j] = quantize<Q>(u * scale);
+        ya[j + 1] = quantize<Q>(w * scale);
+      }
+      ya.store(y + e);
+    }
   }
 }
 
-template <typename T, typename Q>
+template <typename T, typename Q, int V>
 SGLJIT_DEVICE void quant_head(const T* __restrict__ x, Q* __restrict__ y, int n, float scale, int lane) {
-  for (int i = lane; i < n; i += 32) y[i] = quantize<Q>(to_float(x[i]) * scale);
+  for (int i = lane * V; i < n; i += 32 * V) {
+    AlignedVector<T, V> a;
+    AlignedVector<Q, V> ya;
+    a.load(x + i);
+#pragma unroll
+    for (int j = 0; j < V; ++j) ya[j] = quantize<Q>(to_float(a[j]) * scale);
+    ya.store(y + i);
+  }
 }
 
-template <typename T, typename Q, typename IdxT, bool NEOX, bool PAGED>
+template <typename T, typename Q, typename IdxT, bool NEOX, bool PAGED, int V>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     rope_fp8_kernel(const Fp8KVParams p, const float* __restrict__ cos_sin, const IdxT* __restrict__ positions) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -117,12 +158,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   const float* row = in_range(pos, p.max_pos) ? cos_sin + static_cast<int64_t>(pos) * p.cache_stride : nullptr;
   if (slot < p.q_heads) {
     const int64_t h = slot;
-    rope_quant_head<T, Q, NEOX>(static_cast<const T*>(p.q_rope.ptr) + t * p.q_rope.st + h * p.q_rope.sh,
-                                static_cast<Q*>(p.q_rope_out.ptr) + t * p.q_rope_out.sp + h * p.q_rope_out.sh,
-                                p.rot, row, p.scale_q, lane);
-    quant_head<T, Q>(static_cast<const T*>(p.q_nope.ptr) + t * p.q_nope.st + h * p.q_nope.sh,
-                     static_cast<Q*>(p.q_nope_out.ptr) + t * p.q_nope_out.sp + h * p.q_nope_out.sh, p.nope,
-                     p.scale_q, lane);
+    rope_quant_head<T, Q, NEOX, V>(static_cast<const T*>(p.q_rope.ptr) + t * p.q_rope.st + h * p.q_rope.sh,
+                                   static_cast<Q*>(p.q_rope_out.ptr) + t * p.q_rope_out.sp + h * p.q_rope_out.sh,
+                                   p.rot, row, p.scale_q, lane);
+    quant_head<T, Q, V>(static_cast<const T*>(p.q_nope.ptr) + t * p.q_nope.st + h * p.q_nope.sh,
+                        static_cast<Q*>(p.q_nope_out.ptr) + t * p.q_nope_out.sp + h * p.q_nope_out.sh, p.nope,
+                        p.scale_q, lane);
     return;
   }
   int64_t page = t, entry = 0;
@@ -134,16 +175,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     const int64_t h = slot;
     const Dst& kr = p.k_rope_out;
     const Dst& kn = p.k_nope_out;
-    rope_quant_head<T, Q, NEOX>(static_cast<const T*>(p.k_rope.ptr) + t * p.k_rope.st + h * p.k_rope.sh,
-                                static_cast<Q*>(kr.ptr) + page * kr.sp + entry * kr.se + h * kr.sh, p.rot, row,
-                                p.scale_k, lane);
-    quant_head<T, Q>(static_cast<const T*>(p.k_nope.ptr) + t * p.k_nope.st + h * p.k_nope.sh,
-                     static_cast<Q*>(kn.ptr) + page * kn.sp + entry * kn.se + h * kn.sh, p.nope, p.scale_k, lane);
+    rope_quant_head<T, Q, NEOX, V>(static_cast<const T*>(p.k_rope.ptr) + t * p.k_rope.st + h * p.k_rope.sh,
+                                   static_cast<Q*>(kr.ptr) + page * kr.sp + entry * kr.se + h * kr.sh, p.rot, row,
+                                   p.scale_k, lane);
+    quant_head<T, Q, V>(static_cast<const T*>(p.k_nope.ptr) + t * p.k_nope.st + h * p.k_nope.sh,
+                        static_cast<Q*>(kn.ptr) + page * kn.sp + entry * kn.se + h * kn.sh, p.nope, p.scale_k, lane);
   } else {
     const int64_t h = slot - p.k_heads;
     const Dst& vo = p.v_out;
-    quant_head<T, Q>(static_cast<const T*>(p.v.ptr) + t * p.v.st + h * p.v.sh,
-                     static_cast<Q*>(vo.ptr) + page * vo.sp + entry * vo.se + h * vo.sh, p.v_dim, p.scale_v, lane);
+    quant_head<T, Q, V>(static_cast<const T*>(p.v.ptr) + t * p.v.st + h * p.v.sh,
+                        static_cast<Q*>(vo.ptr) + page * vo.sp + entry * vo.se + h * vo.sh, p.v_dim, p.scale_v,
+                        lane);
   }
 }
 
@@ -174,6 +216,29 @@ inline void check_scale(double scale, const char* name) {
   RuntimeCheck(scale == scale && scale != 1.0 / 0.0 && scale != -1.0 / 0.0, name, ": expected a finite scale, got ", scale);
 }
 
+// Whether every head of the call can be read and written kVec elements at a time: widths, pointers
+// (kVec elements of T in, of one byte out) and token/head/page/entry strides all multiples of it.
+constexpr int kVec = 4;  // 8-byte loads of 2-byte types, 4-byte fp8 stores: two pairs' worth a lane
+
+inline bool vec_fits(const Fp8KVParams& p, int elem_bytes) {
+  auto fits = [](int64_t n) { return n % kVec == 0; };
+  auto ptr_fits = [](const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  if (!fits(p.rot) || !fits(p.nope) || !fits(p.v_dim) || (p.rot / 2) % kVec != 0) return false;
+  const int in_bytes = kVec * elem_bytes;
+  // Parts of no width are never read or written (their strides and pointers do not count).
+  const std::pair<const Src*, int> srcs[] = {
+      {&p.q_rope, p.rot}, {&p.k_rope, p.rot}, {&p.q_nope, p.nope}, {&p.k_nope, p.nope}, {&p.v, p.v_dim}};
+  for (const auto& [s, width] : srcs) {
+    if (width > 0 && (!ptr_fits(s->ptr, in_bytes) || !fits(s->st) || !fits(s->sh))) return false;
+  }
+  const std::pair<const Dst*, int> dsts[] = {{&p.q_rope_out, p.rot},  {&p.q_nope_out, p.nope}, {&p.k_rope_out, p.rot},
+                                             {&p.k_nope_out, p.nope}, {&p.v_out, p.v_dim}};
+  for (const auto& [d, width] : dsts) {
+    if (width > 0 && (!ptr_fits(d->ptr, kVec) || !fits(d->sp) || !fits(d->se) || !fits(d->sh))) return false;
+  }
+  return true;
+}
+
 template <typename T, typename Q, typename IdxT, bool NEOX, bool PAGED>
 void launch_rope_fp8(Fp8KVParams& p, const TensorView& cos_sin_cache, const TensorView& positions, DLDevice device) {
   p.cache_stride = cos_sin_cache.stride(0);
@@ -181,7 +246,9 @@ void launch_rope_fp8(Fp8KVParams& p, const TensorView& cos_sin_cache, const Tens
   const int64_t items = p.num_tokens * p.items;
   const int64_t blocks = div_ceil<int64_t>(items, kWarpsPerBlock);
   RuntimeCheck(blocks <= 0x7fffffff, "q_rope: too many tokens and heads for one launch (", items, " heads)");
-  LaunchKernel(rope_fp8_kernel<T, Q, IdxT, NEOX, PAGED>, static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, device,
+  const auto kernel = vec_fits(p, sizeof(T)) ? rope_fp8_kernel<T, Q, IdxT, NEOX, PAGED, kVec>
+                                             : rope_fp8_kernel<T, Q, IdxT, NEOX, PAGED, 1>;
+  LaunchKernel(kernel, static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, device,
                "sgljit_rope_fp8::rope_fp8_kernel")(p, static_cast<const float*>(cos_sin_cache.data_ptr()),
                                                    static_cast<const IdxT*>(positions.data_ptr()));
 }
