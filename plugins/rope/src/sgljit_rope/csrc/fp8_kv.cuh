@@ -22,6 +22,7 @@
 #include <sgljit/utils.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 
@@ -319,8 +320,8 @@ struct RopeQuantizeFp8AppendPaged {
 };
 
 // ------------------------------------------------------------------------------------------------
-// The plain append: k [T, H, Dk] and v [T, H, Dv] copied (elements of E, the dtype's size) into the
-// paged caches; items are (token, k head) and (token, v head).
+// The plain append: k [T, H, Dk] and v [T, H, Dv] copied (as E: an unsigned type of the dtype's size,
+// or 16-byte chunks) into the paged caches; items are (token, k head) and (token, v head).
 template <typename E>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     append_paged_kernel(const Src k, const Src v, const Dst kc, const Dst vc, const int64_t num_tokens,
@@ -345,6 +346,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 template <int kBytes>
 struct AppendPagedKV {
   using E = std::conditional_t<kBytes == 1, uint8_t, std::conditional_t<kBytes == 2, uint16_t, uint32_t>>;
+  static constexpr int kPerChunk = 16 / kBytes;  // elements in a 16-byte chunk
+
   static void run(TensorView k, TensorView v, TensorView k_cache, TensorView v_cache, TensorView kv_indices,
                   TensorView kv_indptr, TensorView batch_indices, TensorView page_positions) {
     RuntimeCheck(k.dtype().bits == 8 * kBytes, "k: this module was compiled for ", kBytes, "-byte elements");
@@ -354,10 +357,30 @@ struct AppendPagedKV {
     if (items == 0) return;
     const int64_t blocks = div_ceil<int64_t>(items, kWarpsPerBlock);
     RuntimeCheck(blocks <= 0x7fffffff, "k: too many tokens and heads for one launch (", items, " heads)");
-    LaunchKernel(append_paged_kernel<E>, static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, k.device(),
-                 "sgljit_rope_fp8::append_paged_kernel")(src_of(k), src_of(v), paged_of(k_cache), paged_of(v_cache), n,
-                                                         static_cast<int32_t>(heads), static_cast<int32_t>(k.size(2)),
-                                                         static_cast<int32_t>(v.size(2)), table);
+    Src ks = src_of(k), vs = src_of(v);
+    Dst kc = paged_of(k_cache), vc = paged_of(v_cache);
+    int64_t k_dim = k.size(2), v_dim = v.size(2);
+    // A byte copy: in 16-byte chunks where every width, pointer and stride is a whole number of them.
+    auto chunked = [](int64_t n) { return n % kPerChunk == 0; };
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool wide = chunked(k_dim) && chunked(v_dim) && aligned(ks.ptr) && aligned(vs.ptr) && aligned(kc.ptr) &&
+                      aligned(vc.ptr) && chunked(ks.st) && chunked(ks.sh) && chunked(vs.st) && chunked(vs.sh) &&
+                      chunked(kc.sp) && chunked(kc.se) && chunked(kc.sh) && chunked(vc.sp) && chunked(vc.se) &&
+                      chunked(vc.sh);
+    auto go = [&](auto kernel) {
+      LaunchKernel(kernel, static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, k.device(),
+                   "sgljit_rope_fp8::append_paged_kernel")(ks, vs, kc, vc, n, static_cast<int32_t>(heads),
+                                                           static_cast<int32_t>(k_dim), static_cast<int32_t>(v_dim),
+                                                           table);
+    };
+    if (wide) {
+      for (int64_t* x : {&ks.st, &ks.sh, &vs.st, &vs.sh, &kc.sp, &kc.se, &kc.sh, &vc.sp, &vc.se, &vc.sh, &k_dim, &v_dim}) {
+        *x /= kPerChunk;
+      }
+      go(append_paged_kernel<uint4>);
+    } else {
+      go(append_paged_kernel<E>);
+    }
   }
 };
 
