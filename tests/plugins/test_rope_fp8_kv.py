@@ -6,12 +6,14 @@ backend are tests/compat/test_compat_page.py."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import sgljit
 
-from .common import HAS_CUDA
+from .common import BACKENDS, HAS_CUDA
 
 pytest.importorskip("sgljit_rope")
 
@@ -83,3 +85,38 @@ def test_check_page_table_names_the_bad_argument(name, spoil):
     spoil(table)
     with pytest.raises(ValueError, match=f"^{name}:"):
         fp8_kv.check_page_table(*table, num_pages=5, page_size=4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pages_without_entries_store_nothing_and_q_is_written(backend):
+    """A cache of page size 0 holds no entry: the paged op still writes q's outputs and stores
+    nothing (the kernels never divide by the page size)."""
+    dev = "cuda" if backend == "cuda" else "cpu"
+    ctx = sgljit.use_backend("sycl") if backend == "sycl" else contextlib.nullcontext()
+    T, Hq, Hk, R = 3, 4, 2, 32
+    q, k = torch.randn(T, Hq, R, device=dev), torch.randn(T, Hk, R, device=dev)
+    none_q, none_k = q[..., :0], k[..., :0]
+    angles = torch.rand(8, R // 2, device=dev)
+    table = torch.cat((angles.cos(), angles.sin()), -1)
+    e4m3 = torch.float8_e4m3fn
+    q_out, q_nope_out = torch.empty(T, Hq, R, device=dev, dtype=e4m3), none_q.to(e4m3)
+    cache = torch.empty(2, 0, Hk, R, device=dev, dtype=e4m3)
+    index = torch.zeros(T, dtype=torch.int32, device=dev)
+    indptr = torch.tensor([0, 2], dtype=torch.int32, device=dev)
+    with ctx:
+        fp8_kv._rope_quantize_fp8_append_paged(
+            q, k, none_q, none_k, k, table, index.long(), q_out, q_nope_out, cache,
+            cache[..., :0], cache, index[:2], indptr, index, index, 1.0, 1.0, 1.0, True,
+        )  # fmt: skip
+    rows = table[0]
+    c, s = rows[: R // 2].double().cpu(), rows[R // 2 :].double().cpu()
+    x = q.double().cpu()
+    want = torch.cat(
+        (x[..., : R // 2] * c - x[..., R // 2 :] * s, x[..., R // 2 :] * c + x[..., : R // 2] * s),
+        -1,
+    )
+    got = q_out.cpu().double()
+    assert (
+        float(((got - want.clamp(-448, 448).to(e4m3).double()).abs() / (1 + want.abs())).max())
+        <= 0.13
+    )
