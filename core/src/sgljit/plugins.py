@@ -59,7 +59,18 @@ KNOWN_OPS = {
         ),
         "sgljit-norm",
     ),
-    **dict.fromkeys(("apply_rope", "apply_rope_with_kv_cache", "qknorm_rope"), "sgljit-rope"),
+    **dict.fromkeys(
+        (
+            "apply_rope",
+            "apply_rope_with_kv_cache",
+            "qknorm_rope",
+            "rope_quantize_fp8",
+            "rope_quantize_fp8_append_paged_kv_cache",
+            "append_paged_kv_cache",
+            "append_paged_mla_kv_cache",
+        ),
+        "sgljit-rope",
+    ),
     **dict.fromkeys(
         ("per_tensor_quant_fp8", "per_token_quant_fp8", "per_token_group_quant_fp8"),
         "sgljit-quant-fp8",

@@ -1,6 +1,9 @@
 """sgljit-rope: rotary position embedding (neox and gptj, partial rotary), with an optional fused
-KV-cache store, and fused with a per-head RMSNorm of q and k. CUDA and SYCL kernels; the ops are
-``sgljit.ops.apply_rope``, ``sgljit.ops.apply_rope_with_kv_cache`` and ``sgljit.ops.qknorm_rope``."""
+KV-cache store, and fused with a per-head RMSNorm of q and k; rope -> fp8 quantize, optionally
+appended into a paged fp8 KV cache, and the plain paged append. CUDA and SYCL kernels; the ops are
+``sgljit.ops.apply_rope``, ``apply_rope_with_kv_cache``, ``qknorm_rope``, ``rope_quantize_fp8``,
+``rope_quantize_fp8_append_paged_kv_cache``, ``append_paged_kv_cache`` and
+``append_paged_mla_kv_cache``."""
 
 MANIFEST = {
     "name": "rope",
@@ -10,6 +13,10 @@ MANIFEST = {
         "apply_rope": "sgljit_rope.ops:apply_rope",
         "apply_rope_with_kv_cache": "sgljit_rope.ops:apply_rope_with_kv_cache",
         "qknorm_rope": "sgljit_rope.ops:qknorm_rope",
+        "rope_quantize_fp8": "sgljit_rope.fp8_kv:rope_quantize_fp8",
+        "rope_quantize_fp8_append_paged_kv_cache": "sgljit_rope.fp8_kv:rope_quantize_fp8_append_paged_kv_cache",
+        "append_paged_kv_cache": "sgljit_rope.fp8_kv:append_paged_kv_cache",
+        "append_paged_mla_kv_cache": "sgljit_rope.fp8_kv:append_paged_mla_kv_cache",
     },
     "family": "sgljit_rope.ops:family",
 }

@@ -901,3 +901,7 @@ def _qknorm_rope_heads(q, k, q_weight):
             f"q_weight, which must be [head_dim]; got shape {tuple(q_weight.shape)}"
         )
     return _heads(q, "q", head_dim), _heads(k, "k", head_dim)
+
+
+# The fp8 KV-cache ops declare themselves on this family (its own module).
+from . import fp8_kv as _fp8_kv  # noqa: E402, F401

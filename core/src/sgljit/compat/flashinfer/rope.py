@@ -11,6 +11,10 @@ results, so a call site ports by changing the import::
   ``high_freq_factor`` wavelengths of ``old_context_len``): cos/sin computed from ``rope_theta``
   and ``rope_scale``, as FlashInfer's kernels compute them on the fly.
 
+- ``rope_quantize_fp8`` / ``mla_rope_quantize_fp8`` (rope, then fp8) and
+  ``rope_quantize_fp8_append_paged_kv_cache`` (rope, fp8, then the append into a paged cache): see
+  ``sgljit.compat.flashinfer.page`` for the page table and its helpers.
+
 The ``*_inplace`` functions rotate q and k in place and return None; the others return new
 ``(q_rope, k_rope)`` and leave q and k as they were. ``interleave=False`` rotates the pairs
 ``(i, i + rotary_dim/2)`` (neox), ``True`` the adjacent pairs ``(2i, 2i + 1)``; dims past
@@ -22,8 +26,12 @@ Where this differs on purpose:
   with ``freq`` rounded from float64 and cos/sin evaluated accurately (FlashInfer: ``__powf`` and
   ``__sincosf``, fast approximations); the table is one ``[nnz, rotary_dim]`` float32 row per token
   (an extra pass over ``nnz * rotary_dim * 4`` bytes before the rotation, no host sync).
-- A position outside the cache (``*_cos_sin_cache``) leaves its token unrotated (see
-  ``sgljit.ops.apply_rope``); FlashInfer reads out of bounds.
+- A position outside the cache (``*_cos_sin_cache``, ``rope_quantize_fp8*``) leaves its token
+  unrotated (see ``sgljit.ops.apply_rope``); FlashInfer reads out of bounds.
+- fp8 (taken from FlashInfer's documentation and kernels as we read them): the rotated value is
+  multiplied by ``quant_scale_q`` / ``quant_scale_kv`` in float32 and rounded to nearest even with
+  saturation to the format's finite range (its ``__nv_fp8_*`` conversions); a scale may also be a
+  one-element tensor (read on the host). ``enable_pdl`` is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ __all__ = [
     "apply_rope_pos_ids_inplace",
     "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
+    "mla_rope_quantize_fp8",
+    "rope_quantize_fp8",
+    "rope_quantize_fp8_append_paged_kv_cache",
 ]
 
 
@@ -242,6 +253,92 @@ def apply_llama31_rope_pos_ids(
         high_freq_factor,
         old_context_len,
     )
+
+
+def rope_quantize_fp8(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor | None,
+    k_nope: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: torch.dtype | None = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    q_rope_out: torch.Tensor | None = None,
+    k_rope_out: torch.Tensor | None = None,
+    q_nope_out: torch.Tensor | None = None,
+    k_nope_out: torch.Tensor | None = None,
+    enable_pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rope on ``q_rope``/``k_rope``, then all four parts quantized to fp8 (``x * scale``, rounded
+    to nearest even, saturating): returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)``.
+    GQA/MHA k is ``[nnz, Hk, *]``, MLA k ``[nnz, *]``; ``q_nope``/``k_nope`` None: no non-rotary
+    dims (zero-width outputs). ``enable_pdl`` is accepted and ignored (sgljit decides launches).
+    See ``sgljit.ops.rope_quantize_fp8``."""
+    return ops.rope_quantize_fp8(
+        q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+        quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out,
+    )  # fmt: skip
+
+
+def mla_rope_quantize_fp8(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor | None,
+    k_nope: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: torch.dtype | None = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    q_rope_out: torch.Tensor | None = None,
+    k_rope_out: torch.Tensor | None = None,
+    q_nope_out: torch.Tensor | None = None,
+    k_nope_out: torch.Tensor | None = None,
+    enable_pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rope_quantize_fp8` (FlashInfer's MLA name for the same function)."""
+    return rope_quantize_fp8(
+        q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+        quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out, enable_pdl,
+    )  # fmt: skip
+
+
+def rope_quantize_fp8_append_paged_kv_cache(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor | None,
+    k_nope: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    paged_kv_cache: tuple[torch.Tensor, torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: torch.dtype | None = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    page_size: int = 16,
+    kv_layout: str = "NHD",
+    q_rope_out: torch.Tensor | None = None,
+    q_nope_out: torch.Tensor | None = None,
+    enable_pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rope, fp8 quantize and append k (and v: GQA/MHA) or kpe/ckv (MLA, ``v`` None) into the
+    paged fp8 cache ``paged_kv_cache`` in one launch; returns the quantized ``(q_rope_out,
+    q_nope_out)``. k and v share ``quant_scale_kv``. See
+    ``sgljit.ops.rope_quantize_fp8_append_paged_kv_cache`` (layouts, page-table checks)."""
+    return ops.rope_quantize_fp8_append_paged_kv_cache(
+        q_rope, k_rope, q_nope, k_nope, v, cos_sin_cache, pos_ids, paged_kv_cache, kv_indices,
+        kv_indptr, batch_indices, positions, is_neox, quantize_dtype, quant_scale_q,
+        quant_scale_kv, page_size, kv_layout, q_rope_out, q_nope_out,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------

@@ -360,6 +360,7 @@ class TensorMatcher {
     int64_t st[detail::DimList::kMaxDims], sz[detail::DimList::kMaxDims];
     int64_t n = 0;
     for (int64_t i = 0; i < ndim; ++i) {
+      if (sizes[i] == 0) return true;  // no elements (PyTorch calls it contiguous, as _may_overlap does)
       if (sizes[i] == 1) continue;
       int64_t j = n++;  // insertion sort by stride (at most kMaxDims entries)
       for (; j > 0 && st[j - 1] > strides[i]; --j) {
