@@ -24,6 +24,7 @@ from .hf_models import (
     MODELS,
     assert_matches_hf,
     build,
+    mlp_op,
     norm_op,
     prompt,
     transformers,
@@ -81,7 +82,8 @@ def test_training_runs_hf_code(family, op_calls):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_compiles_to_one_graph(family):
     """Kernelized for torch.compile, the model compiles with fullgraph=True (the reference
-    backend on the CPU) and every norm and rope in the graph is sgljit's custom op."""
+    backend on the CPU) and every norm, rope and MLP activation in the graph is sgljit's custom
+    op."""
     model = build(family)
     ids, mask = prompt("cpu")
     with torch.no_grad():
@@ -101,7 +103,8 @@ def test_compiles_to_one_graph(family):
     torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
-    assert ops == {norm_op(family): norms, "apply_rope": model.config.num_hidden_layers}
+    layers = model.config.num_hidden_layers
+    assert ops == {norm_op(family): norms, "apply_rope": layers, mlp_op(family): layers}
 
 
 def test_nothing_comes_from_the_hub(monkeypatch, op_calls):

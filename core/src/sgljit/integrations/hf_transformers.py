@@ -34,7 +34,7 @@ import inspect
 import torch
 
 from .. import nn, ops
-from . import _patching
+from . import _patching, hf_mlp
 
 __all__ = [
     "FAMILIES",
@@ -64,46 +64,48 @@ _NORMS = {
 _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 
 
-def apply_to_llama(*, rms_norm: bool = True, rope: bool = True) -> None:
+def apply_to_llama(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
     """Run Llama's RMSNorm and rope on sgljit kernels (every Llama model, existing or future)."""
-    _apply("llama", rms_norm=rms_norm, rope=rope)
+    _apply("llama", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_mistral(*, rms_norm: bool = True, rope: bool = True) -> None:
+def apply_to_mistral(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
     """Run Mistral's RMSNorm and rope on sgljit kernels."""
-    _apply("mistral", rms_norm=rms_norm, rope=rope)
+    _apply("mistral", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_qwen2(*, rms_norm: bool = True, rope: bool = True) -> None:
+def apply_to_qwen2(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
     """Run Qwen2's RMSNorm and rope on sgljit kernels."""
-    _apply("qwen2", rms_norm=rms_norm, rope=rope)
+    _apply("qwen2", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True) -> None:
+def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
     """Run Qwen3's RMSNorms (hidden and the per-head q_norm/k_norm) and rope on sgljit kernels."""
-    _apply("qwen3", rms_norm=rms_norm, rope=rope)
+    _apply("qwen3", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_gemma2(*, rms_norm: bool = True, rope: bool = True) -> None:
+def apply_to_gemma2(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
     """Run Gemma 2's RMSNorms (``(1 + weight)``) and rope on sgljit kernels."""
-    _apply("gemma2", rms_norm=rms_norm, rope=rope)
+    _apply("gemma2", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_gemma3(*, rms_norm: bool = True, rope: bool = True) -> None:
+def apply_to_gemma3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
     """Run Gemma 3's RMSNorms (``(1 + weight)``, q_norm/k_norm too) and rope on sgljit kernels."""
-    _apply("gemma3", rms_norm=rms_norm, rope=rope)
+    _apply("gemma3", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
 def apply_to_model(
-    model: torch.nn.Module, *, rms_norm: bool = True, rope: bool = True
+    model: torch.nn.Module, *, rms_norm: bool = True, rope: bool = True, mlp: bool = True
 ) -> list[str]:
     """Patch every supported family whose modules ``model`` contains; returns their names.
 
     The patch is on the families' classes and modeling modules, so it also covers other models of
-    those families in this process (as the per-family functions do)."""
+    those families in this process (as the per-family functions do). With ``mlp``, ``model``'s
+    MLPs are fused now (see :mod:`.hf_mlp`)."""
     found = families_of(model)
-    for family in found:
-        _apply(family, rms_norm=rms_norm, rope=rope)
+    classes = tuple(_apply(family, rms_norm=rms_norm, rope=rope, mlp=mlp) for family in found)
+    if mlp:
+        hf_mlp.fuse_model(model, classes)
     return found
 
 
@@ -150,7 +152,8 @@ def modeling_module(family: str):
         ) from err
 
 
-def _apply(family: str, *, rms_norm: bool, rope: bool) -> None:
+def _apply(family: str, *, rms_norm: bool, rope: bool, mlp: bool) -> type:
+    """Patch the family; returns its MLP class."""
     modeling = modeling_module(family)
     if rms_norm:
         cls, forward = checked_norm(family, modeling)
@@ -158,6 +161,10 @@ def _apply(family: str, *, rms_norm: bool, rope: bool) -> None:
     if rope:
         original = checked_rope(family, modeling)
         _patching.patch(modeling, "apply_rotary_pos_emb", _rope_function(original))
+    if mlp:
+        cls = hf_mlp.checked_mlp(family, modeling)
+        _patching.patch(cls, "forward", hf_mlp.patched_forward(cls))
+    return getattr(modeling, hf_mlp.MLP_CLASSES[family])
 
 
 def checked_norm(family: str, modeling) -> tuple[type, object]:
