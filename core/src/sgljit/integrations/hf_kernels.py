@@ -181,6 +181,7 @@ def _prepare(model: torch.nn.Module) -> list[str]:
         if is_hub_function(rope):
             _ROPES[type(rope)] = (type(rope)(), True)
         mlp = hf_mlp.checked_mlp(family, modeling)
+        hf_mlp.patch_class(mlp, forward=False)
         if not hasattr(mlp, "kernel_layer_name"):  # transformers 5.24 registers no MLP
             _patching.patch(mlp, "kernel_layer_name", GATED_MLP)
         _MLPS.add(mlp)

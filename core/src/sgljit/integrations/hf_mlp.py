@@ -31,6 +31,7 @@ one rounding step of HF's, and no further from a float32 model's).
 from __future__ import annotations
 
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from .. import nn, ops
 from . import _patching
 
-__all__ = ["MLP_CLASSES", "fuse", "fuse_model", "mlp_forward"]
+__all__ = ["MLP_CLASSES", "fuse", "fuse_model", "mlp_forward", "patch_class"]
 
 MLP_CLASSES = {
     "llama": "LlamaMLP",
@@ -57,6 +58,7 @@ _ACTIVATIONS = {
 _GATE_UP = "_sgljit_gate_up"  # the [2d, H] tensor the gate and up weights are the halves of
 _ACT_OP = "_sgljit_act_op"  # the sgljit op of its activation
 _FALLBACK = "sgljit_mlp_fallback"  # why HF's forward runs for good, or None
+_fused_modules: weakref.WeakSet = weakref.WeakSet()  # whose state revert() drops
 
 
 def checked_mlp(family: str, modeling) -> type:
@@ -93,16 +95,35 @@ def checked_mlp(family: str, modeling) -> type:
     return cls
 
 
-def patched_forward(cls: type):
-    """The forward that replaces ``cls.forward`` (HF's, as before any sgljit patch)."""
-    original = _patching.original(cls, "forward")
+def patch_class(cls: type, *, forward: bool) -> None:
+    """Patch ``cls`` (until :func:`sgljit.integrations.revert`): its ``_apply`` (what
+    ``module.to()`` and the like call) forgets the fused weight, whose storage the parameters are
+    about to leave; with ``forward``, its forward becomes :func:`mlp_forward` or HF's."""
+    original_apply = _patching.original(cls, "_apply")
 
-    def forward(self, x):
-        out = mlp_forward(self, x)
-        return original(self, x) if out is None else out
+    def _apply(self, fn, *args, **kwargs):
+        self.__dict__.pop(_GATE_UP, None)
+        return original_apply(self, fn, *args, **kwargs)
 
-    forward.__wrapped__ = original  # type: ignore[attr-defined]
-    return forward
+    _patching.patch(cls, "_apply", _apply)
+    if forward:
+        original = _patching.original(cls, "forward")
+
+        def patched(self, x):
+            out = mlp_forward(self, x)
+            return original(self, x) if out is None else out
+
+        patched.__wrapped__ = original  # type: ignore[attr-defined]
+        _patching.patch(cls, "forward", patched)
+    _patching.on_revert(_forget_fused)
+
+
+def _forget_fused() -> None:
+    """After revert: no module keeps a fused weight (its parameters keep their storage)."""
+    for module in list(_fused_modules):
+        module.__dict__.pop(_GATE_UP, None)
+        module.__dict__.pop(_FALLBACK, None)
+    _fused_modules.clear()
 
 
 def mlp_forward(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
@@ -148,6 +169,7 @@ def fuse(mlp: torch.nn.Module) -> str | None:
     reason = _unfusable(mlp)
     if reason is not None:
         state[_FALLBACK], state[_GATE_UP] = reason, None
+        _fused_modules.add(mlp)
         return reason
     gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
     state[_FALLBACK] = None
@@ -161,6 +183,7 @@ def fuse(mlp: torch.nn.Module) -> str | None:
         gate_up[gate.shape[0] :].copy_(up)
         gate.data, up.data = gate_up[: gate.shape[0]], gate_up[gate.shape[0] :]
     state[_GATE_UP] = gate_up
+    _fused_modules.add(mlp)
     return None
 
 

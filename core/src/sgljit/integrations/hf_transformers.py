@@ -162,8 +162,7 @@ def _apply(family: str, *, rms_norm: bool, rope: bool, mlp: bool) -> type:
         original = checked_rope(family, modeling)
         _patching.patch(modeling, "apply_rotary_pos_emb", _rope_function(original))
     if mlp:
-        cls = hf_mlp.checked_mlp(family, modeling)
-        _patching.patch(cls, "forward", hf_mlp.patched_forward(cls))
+        hf_mlp.patch_class(hf_mlp.checked_mlp(family, modeling), forward=True)
     return getattr(modeling, hf_mlp.MLP_CLASSES[family])
 
 
