@@ -1,5 +1,5 @@
-"""Hugging Face transformers: the RMSNorms and rope of Llama, Mistral, Qwen2, Qwen3 (its per-head
-q_norm/k_norm too), Gemma 2 and Gemma 3 on sgljit's kernels.
+"""Hugging Face transformers: the RMSNorms, rope and MLP of Llama, Mistral, Qwen2, Qwen3 (its
+per-head q_norm/k_norm too), Gemma 2 and Gemma 3 on sgljit's kernels.
 
 What is patched, in the model family's modeling module (``transformers.models.<family>.modeling_<family>``):
 
@@ -17,6 +17,9 @@ What is patched, in the model family's modeling module (``transformers.models.<f
   ``kernels`` library's hub decorator (5.25, which installs ``kernels``; 5.24 with it installed),
   the module-level name holds a module standing for it: the patch replaces the name all the
   same, and its fallback calls that module (so whatever ``kernelize`` chose still runs there).
+
+- ``<Family>MLP.forward``: one GEMM over the gate and up weights (made the halves of one tensor, no
+  copy kept) and ``silu_and_mul`` / ``gelu_tanh_and_mul``, or HF's forward: :mod:`.hf_mlp`.
 
 The same checks and kernels serve transformers' own kernel mechanism: :mod:`.hf_kernels`.
 
@@ -65,22 +68,22 @@ _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 
 
 def apply_to_llama(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
-    """Run Llama's RMSNorm and rope on sgljit kernels (every Llama model, existing or future)."""
+    """Run Llama's RMSNorm, rope and MLP on sgljit kernels (every Llama model, existing or future)."""
     _apply("llama", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
 def apply_to_mistral(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
-    """Run Mistral's RMSNorm and rope on sgljit kernels."""
+    """Run Mistral's RMSNorm, rope and MLP on sgljit kernels."""
     _apply("mistral", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
 def apply_to_qwen2(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
-    """Run Qwen2's RMSNorm and rope on sgljit kernels."""
+    """Run Qwen2's RMSNorm, rope and MLP on sgljit kernels."""
     _apply("qwen2", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
 def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
-    """Run Qwen3's RMSNorms (hidden and the per-head q_norm/k_norm) and rope on sgljit kernels."""
+    """Run Qwen3's RMSNorms (hidden and the per-head q_norm/k_norm), rope and MLP on sgljit kernels."""
     _apply("qwen3", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
