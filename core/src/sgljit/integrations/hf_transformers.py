@@ -88,12 +88,12 @@ def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True
 
 
 def apply_to_gemma2(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
-    """Run Gemma 2's RMSNorms (``(1 + weight)``) and rope on sgljit kernels."""
+    """Run Gemma 2's RMSNorms (``(1 + weight)``), rope and MLP on sgljit kernels."""
     _apply("gemma2", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
 def apply_to_gemma3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
-    """Run Gemma 3's RMSNorms (``(1 + weight)``, q_norm/k_norm too) and rope on sgljit kernels."""
+    """Run Gemma 3's RMSNorms (``(1 + weight)``, q_norm/k_norm too), rope and MLP on sgljit kernels."""
     _apply("gemma3", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
