@@ -901,3 +901,8 @@ def _qknorm_rope_heads(q, k, q_weight):
             f"q_weight, which must be [head_dim]; got shape {tuple(q_weight.shape)}"
         )
     return _heads(q, "q", head_dim), _heads(k, "k", head_dim)
+
+
+# qknorm_rope's other form, cos/sin computed in the kernel from rope_theta: declared in this family
+# by its own module (imported here so that the family's spec names it).
+from . import qknorm_rope_theta as _qknorm_rope_theta_module  # noqa: E402, F401
