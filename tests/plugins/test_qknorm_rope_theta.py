@@ -6,6 +6,7 @@ before any write on every backend."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -56,6 +57,46 @@ def test_frequencies_are_hf_rope_and_yarn():
     hf_yarn = hf / factor * (1 - extrapolation) + hf * extrapolation
     got = qknorm_rope_theta.frequencies(rot, base, factor, low, high, torch.float64)
     torch.testing.assert_close(got, hf_yarn, rtol=1e-12, atol=0)
+
+
+def _hf_llama3(inv_freq, factor, low_freq_factor, high_freq_factor, old_context):
+    """HF's _compute_llama3_parameters, as written there (float64 here)."""
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama3_is_hf_llama3(backend, dtype):
+    """llama3_original_max_position: HF's Llama 3.1 frequencies (checked in float64), and the
+    op's result that of qknorm_rope_theta_torch with them, to the float32 angle's error."""
+    rot, base, factor, lff, hff, ctx = 128, 5e5, 8.0, 1.0, 4.0, 8192
+    inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    ramp_scale = ctx / (2 * math.pi)
+    got = qknorm_rope_theta.frequencies(rot, base, factor, hff, lff, torch.float64, ramp_scale)
+    torch.testing.assert_close(got, _hf_llama3(inv, factor, lff, hff, ctx), rtol=1e-12, atol=0)
+    device = "cuda" if backend == "cuda" else "cpu"
+    torch.manual_seed(4)
+    q = torch.randn(5, 8, rot, device=device).to(dtype)
+    k = torch.randn(5, 2, rot, device=device).to(dtype)
+    w = (1 + 0.3 * torch.randn(rot, device=device)).to(dtype)
+    positions = torch.tensor([0, 7, 900, 30000, 131071], device=device)
+    expected = qknorm_rope_theta.qknorm_rope_theta_torch(
+        q.double(), k.double(), w, w, positions, 1e-6, True, rot, base, factor, hff, lff, 1.0,
+        ramp_scale,
+    )  # fmt: skip
+    with using(backend):
+        sgljit.ops.qknorm_rope_theta(q, k, w, w, positions, base=base, factor=factor, low=lff,
+                                     high=hff, llama3_original_max_position=ctx)  # fmt: skip
+    tol = (1.6e-2 if dtype == torch.bfloat16 else 1e-5) + 3 * 131072 * 2.0**-23
+    for got, exp in zip((q, k), expected, strict=True):
+        torch.testing.assert_close(got.double(), exp, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,5 +1,5 @@
 // qknorm_rope_theta: per-head RMSNorm of q and k then rotary embedding with cos/sin computed from
-// rope_theta (plain or YaRN) in the kernel, in place (sglang's fused_qk_norm_rope; formulas and
+// rope_theta (plain, YaRN or Llama 3.1) in the kernel, in place (sglang's fused_qk_norm_rope; formulas and
 // numerics in qknorm_rope_theta.py's doc). y = x * rsqrt(mean(x^2) + eps) * w in fp32, not rounded;
 // rotary pair j (neox: dims j and rot/2 + j; gptj: 2j and 2j + 1) turns by position * f_j and is
 // scaled by attention_factor; dims [rot, head_dim) keep y; one rounding at the store.
@@ -28,7 +28,7 @@ struct QKNormRopeThetaParams {
   int64_t q_heads, k_heads, head_dim, rot;
   int64_t q_stride_t, q_stride_h, k_stride_t, k_stride_h;
   int64_t num_heads;  // tokens * (q_heads + k_heads)
-  float eps, base, factor, low, high, attention_factor;
+  float eps, base, factor, low, high, attention_factor, ramp_scale;
 };
 
 inline constexpr int kThetaWarps = 4;  // heads a block: 128 threads, many small blocks per SM
@@ -39,8 +39,10 @@ template <bool YARN>
 SGLJIT_DEVICE float theta_frequency(int j, const QKNormRopeThetaParams& p) {
   float f = powf(p.base, -2.0f * static_cast<float>(j) / static_cast<float>(p.rot));
   if constexpr (YARN) {
+    // The ramp runs over pair indices (YaRN) or over ramp_scale * f (Llama 3.1: context / wavelength).
+    const float u = p.ramp_scale > 0.0f ? p.ramp_scale * f : static_cast<float>(j);
     const float high = fabsf(p.low - p.high) <= 1e-6f ? p.high + 0.001f : p.high;
-    const float ramp = fminf(fmaxf((static_cast<float>(j) - p.low) / (high - p.low), 0.0f), 1.0f);
+    const float ramp = fminf(fmaxf((u - p.low) / (high - p.low), 0.0f), 1.0f);
     f = f / p.factor * ramp + f * (1.0f - ramp);
   }
   return f;
@@ -103,7 +105,7 @@ template <typename T, typename IdxT, bool NEOX, bool YARN>
 struct QKNormRopeTheta {
   static void run(TensorView q, TensorView k, TensorView q_weight, TensorView k_weight, TensorView positions,
                   double eps, bool is_neox, int64_t rotary_dim, double base, double factor, double low, double high,
-                  double attention_factor) {
+                  double attention_factor, double ramp_scale) {
     check_module_dtype<T>(q, "q");
     check_module_dtype<IdxT>(positions, "positions");
     RuntimeCheck(is_neox == NEOX, "is_neox: this module was compiled for is_neox=", NEOX ? "True" : "False");
@@ -130,6 +132,7 @@ struct QKNormRopeTheta {
     p.low = static_cast<float>(low);
     p.high = static_cast<float>(high);
     p.attention_factor = static_cast<float>(attention_factor);
+    p.ramp_scale = static_cast<float>(ramp_scale);
     if (p.num_heads == 0) return;
     const int64_t blocks = div_ceil<int64_t>(p.num_heads, kThetaWarps);
     RuntimeCheck(blocks <= std::numeric_limits<int32_t>::max(), "q: ", q.size(0), " tokens of ", p.q_heads, " + ",

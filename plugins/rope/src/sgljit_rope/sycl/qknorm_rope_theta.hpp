@@ -1,5 +1,5 @@
 // qknorm_rope_theta for SYCL (Intel XPU, or the SYCL CPU device): per-head RMSNorm of q and k, then
-// rotary embedding with cos/sin computed from rope_theta (plain or YaRN), in place; the numerics and
+// rotary embedding with cos/sin computed from rope_theta (plain, YaRN or Llama 3.1), in place; the numerics and
 // pair layout of csrc/qknorm_rope_theta.cuh (y not rounded before the rotation, one rounding at the
 // store). A work-group of QKRT_LANES work-items owns one (token, head), q's heads first; lane l holds
 // pairs l, l + LANES, ... and the sum of squares is a work-group reduction. head_dim and rotary_dim
@@ -30,7 +30,7 @@ void qknorm_rope_theta(qkrt_t* q, qkrt_t* k, const qkrt_t* q_weight, const qkrt_
                        const qkrt_idx_t* positions, int64_t q_heads, int64_t k_heads, int64_t head_dim,
                        int64_t rot, int64_t q_stride_t, int64_t q_stride_h, int64_t k_stride_t,
                        int64_t k_stride_h, float eps, float base, float factor, float low, float high,
-                       float attention_factor) {
+                       float attention_factor, float ramp_scale) {
   using namespace sgljit_qknorm_rope_theta;
   const auto it = syclext::this_work_item::get_nd_item<1>();
   const int64_t head = it.get_group(0);
@@ -69,7 +69,8 @@ void qknorm_rope_theta(qkrt_t* q, qkrt_t* k, const qkrt_t* q_weight, const qkrt_
     if (j < rot_pairs) {
       float f = sycl::pow(base, -2.0f * static_cast<float>(j) / static_cast<float>(rot));
       if constexpr (kYarn) {
-        const float ramp = sycl::clamp((static_cast<float>(j) - low) / (high_nudged - low), 0.0f, 1.0f);
+        const float u = ramp_scale > 0.0f ? ramp_scale * f : static_cast<float>(j);  // YaRN or Llama 3.1
+        const float ramp = sycl::clamp((u - low) / (high_nudged - low), 0.0f, 1.0f);
         f = f / factor * ramp + f * (1.0f - ramp);
       }
       float c;
