@@ -4,8 +4,9 @@ supported family, built from configs (nothing downloaded), patched against unpat
 On each backend (the reference and the SYCL kernels on CPU tensors, CUDA on a GPU): float32 logits
 agree to 1e-5 and 32 greedy tokens are identical; bfloat16 logits agree within bf16 rounding and
 are no further from the float32 model's than HF's own bfloat16 logits are. The spy checks that the
-kernels really ran (norms of every width, q_norm/k_norm included, and rope). Under autograd nothing
-runs on a kernel and gradients are HF's exactly.
+kernels really ran (norms of every width, q_norm/k_norm included, rope and the MLP's activation
+over its fused gate-and-up GEMM). Under autograd nothing runs on a kernel and gradients are HF's
+exactly. The fused MLP keeps the model's parameters, state_dict, saving and memory.
 """
 
 from __future__ import annotations

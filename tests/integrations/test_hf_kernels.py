@@ -3,7 +3,8 @@
 ``sgl.kernelize(model)`` on tiny random Llama, Qwen 3 and Gemma 3 models (nothing downloaded).
 
 On each backend: float32 logits agree with HF's to 1e-5 and 32 greedy tokens are identical, and
-the spy shows every norm width (per-head q/k norms included) and rope ran on sgljit's ops. In
+the spy shows every norm width (per-head q/k norms included), rope and the MLP's activation ran on
+sgljit's ops. In
 training nothing runs on a kernel and gradients are HF's exactly; a transformers whose code
 differs is refused; nothing is fetched from the Hub.
 """
@@ -166,6 +167,25 @@ def test_gemma_norm_registration_is_reverted():
     assert Gemma3RMSNorm.kernel_layer_name == "GemmaRMSNorm"
     sgl.revert()
     assert "kernel_layer_name" not in vars(Gemma3RMSNorm)
+
+
+def test_mlp_registration_and_fusion_are_reverted():
+    """transformers 5.24 registers no MLP; sgljit registers the checked ones as "GatedMLP" and
+    kernelize fuses the model's gate and up weights; revert() undoes the registration and drops the
+    fused weight (the parameters keep their values)."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    assert "kernel_layer_name" not in vars(LlamaMLP)
+    model = build("llama")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    sgl.kernelize(model)
+    mlp = model.model.layers[0].mlp
+    assert LlamaMLP.kernel_layer_name == "GatedMLP"
+    assert mlp.gate_proj.weight.data_ptr() == vars(mlp)["_sgljit_gate_up"].data_ptr()
+    sgl.revert()
+    assert "kernel_layer_name" not in vars(LlamaMLP) and "_apply" not in vars(LlamaMLP)
+    assert "_sgljit_gate_up" not in vars(mlp)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
 
 def test_errors():
