@@ -4,6 +4,7 @@ at real models' shapes (random init, nothing downloaded), patched against unpatc
     python3 benchmarks/bench_models.py                   # writes benchmarks/results/<gpu>/models.md
     python3 benchmarks/bench_models.py --families llama --layers 8 --prefill 1024
     python3 benchmarks/bench_models.py --dry-run         # toy configs on the CPU: wiring check only
+    python3 benchmarks/bench_models.py --mlp on          # time the MLP patch only with the rest
 
 Measured (HF eager, sdpa attention, batch 1, bf16), for each family:
 - prefill: one forward over each of ``--prefill``'s token counts, logits of the last token only;
@@ -11,7 +12,9 @@ Measured (HF eager, sdpa attention, batch 1, bf16), for each family:
   step's token is cropped off again after each timed call);
 each as the median of ``--iters`` calls after ``--warmup`` calls, CUDA events around the call
 (host time included: eager decoding is launch-bound, which is what the patch changes); HF and
-patched alternate, ``--rounds`` times, and each keeps its best round.
+patched alternate, ``--rounds`` times, and each keeps its best round. ``--mlp both`` (the default)
+times the patch with and without the MLP's (one gate-and-up GEMM and sgljit's gated activation)
+in the same run, so each phase shows whether the MLP patch pays; ``on`` / ``off`` time one.
 
 Agreement (``--agree-tokens`` of prompt): the prefill's logits at every position (patched vs HF,
 and both against the float32 model with the same weights), and ``--steps`` greedy tokens after the
@@ -114,6 +117,12 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2, help="HF / patched alternations")
+    ap.add_argument(
+        "--mlp",
+        choices=("both", "on", "off"),
+        default="both",
+        help="time the patched model with the MLP patch, without it, or both (default)",
+    )
     ap.add_argument("--out", help="results folder (default benchmarks/results/<gpu>)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument(
@@ -169,7 +178,9 @@ class Timer:
 
 
 @contextlib.contextmanager
-def counting_ops(names=("rmsnorm", "gemma_rmsnorm", "apply_rope")):
+def counting_ops(
+    names=("rmsnorm", "gemma_rmsnorm", "apply_rope", "silu_and_mul", "gelu_tanh_and_mul"),
+):
     """Count the sgljit ops called inside the block (through sgljit.ops, as the patches call them)."""
     import sgljit
 
@@ -247,6 +258,16 @@ def build(family: str, layers: int, device: torch.device, tiny: bool):
         return getattr(transformers, model_name)(config).eval()
 
 
+PATCHED = "HF + sgljit"  # every patch sgljit has, the MLP's included
+NO_MLP = "HF + sgljit, HF's MLP"  # the norms and rope only
+
+
+def variants(mlp: str) -> list[tuple[str, bool | None]]:
+    """(label, the apply_to_model mlp argument or None for HF's model) of each timed model."""
+    patched = {"on": [(PATCHED, True)], "off": [(NO_MLP, False)]}
+    return [("HF", None), *patched.get(mlp, [(NO_MLP, False), (PATCHED, True)])]
+
+
 def bench_family(family: str, args, device: torch.device) -> dict:
     """The family's timings, op counts and agreement (see the module docstring)."""
     import sgljit.integrations as sgl
@@ -262,11 +283,13 @@ def bench_family(family: str, args, device: torch.device) -> dict:
 
     agree_ids = prompt(args.agree_tokens)
     agreement = {}
+    # The patched model agreement is checked on: the MLP patch too unless it is not timed.
+    mlp = args.mlp != "off"
     with torch.inference_mode():
         # Float32 first (the reference for both dtypes), then the same weights in bf16.
         exact = all_logits(model, agree_ids)
         hf_tokens32 = greedy(model, agree_ids, args.steps)
-        sgl.apply_to_model(model)
+        sgl.apply_to_model(model, mlp=mlp)
         ours32 = all_logits(model, agree_ids)
         our_tokens32 = greedy(model, agree_ids, args.steps)
         sgl.revert()
@@ -275,7 +298,7 @@ def bench_family(family: str, args, device: torch.device) -> dict:
         model.to(torch.bfloat16)
         hf16 = all_logits(model, agree_ids)
         hf_tokens16 = greedy(model, agree_ids, args.steps)
-        sgl.apply_to_model(model)
+        sgl.apply_to_model(model, mlp=mlp)
         ours16 = all_logits(model, agree_ids)
         our_tokens16 = greedy(model, agree_ids, args.steps)
         sgl.revert()
@@ -287,9 +310,9 @@ def bench_family(family: str, args, device: torch.device) -> dict:
         best: dict[tuple[str, str], float] = {}
         counts: dict[str, dict] = {}
         for _ in range(args.rounds):
-            for label, patch in (("HF", False), ("HF + sgljit", True)):
-                if patch:
-                    sgl.apply_to_model(model)
+            for label, patch in variants(args.mlp):
+                if patch is not None:
+                    sgl.apply_to_model(model, mlp=patch)
                 times = {name: prefill_ms(model, ids, timer) for name, ids in phases}
                 times[f"decode at {args.context}"], counts[label] = decode_ms(model, context, timer)
                 sgl.revert()
@@ -329,7 +352,9 @@ def main(argv=None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "models.md").write_text(text)
         print(f"written: {out_dir / 'models.md'}")
-    bad = [f for f, r in results.items() if not r["counts"]["HF + sgljit"]]
+    bad = [
+        f for f, r in results.items() if not any(r["counts"][k] for k in r["counts"] if k != "HF")
+    ]
     for family in bad:
         print(f"!! the patched {family} model called no sgljit kernel")
     return 1 if bad else 0
@@ -353,7 +378,8 @@ def report(args, results: dict) -> str:
         f"- date: {now_utc()}",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         f"- models: HF's, {args.layers} layers at real models' shapes (below), random init, sdpa "
-        "attention, eager, batch 1, bf16; patched by `sgljit.integrations.apply_to_model(model)`",
+        "attention, eager, batch 1, bf16; patched by `sgljit.integrations.apply_to_model(model)` "
+        f"({PATCHED!r}), and with `mlp=False` ({NO_MLP!r}: the MLP left to HF)",
         f"- timing: CUDA events around each call (host time included), {args.warmup} warm-up "
         f"calls, median of {args.iters}; HF and patched alternate {args.rounds} times, best round",
         "",
@@ -366,20 +392,32 @@ def report(args, results: dict) -> str:
             f"hidden {c.hidden_size}, {c.num_attention_heads} heads / {c.num_key_value_heads} KV "
             f"heads × {c.head_dim}, MLP {c.intermediate_size}, vocab {c.vocab_size}",
             "",
-            "| phase (bfloat16) | HF ms | HF + sgljit ms | speed-up |",
-            "|---|---:|---:|---:|",
         ]
+        labels = [label for label, _ in variants(args.mlp)]
+        out += [
+            "| phase (bfloat16) | " + " | ".join(f"{label} ms" for label in labels)
+            + "".join(f" | {label}: speed-up" for label in labels[1:]) + " |",
+            "|---|" + "---:|" * (2 * len(labels) - 1),
+        ]  # fmt: skip
         for name in dict.fromkeys(name for name, _ in r["best"]):
-            hf, ours = r["best"][name, "HF"], r["best"][name, "HF + sgljit"]
-            out.append(f"| {name} | {hf:.3f} | {ours:.3f} | {hf / ours:.2f}× |")
-        patched = r["counts"]["HF + sgljit"]
+            ms = [r["best"][name, label] for label in labels]
+            out.append(
+                f"| {name} | " + " | ".join(f"{t:.3f}" for t in ms)
+                + "".join(f" | {ms[0] / t:.2f}×" for t in ms[1:]) + " |"
+            )  # fmt: skip
+        out.append("")
+        for label in labels[1:]:
+            patched = r["counts"][label]
+            out.append(
+                f"sgljit kernels in one decode step of {label}: "
+                + (", ".join(f"{k} × {n}" for k, n in sorted(patched.items())) or "none")
+                + "  "
+            )
         out += [
             "",
-            "sgljit kernels in one patched decode step: "
-            + (", ".join(f"{k} × {n}" for k, n in sorted(patched.items())) or "none"),
-            "",
-            f"Agreement: prefill logits at all {args.agree_tokens} positions; greedy: tokens equal "
-            f"before the first difference, of {args.steps}.",
+            f"Agreement ({PATCHED if args.mlp != 'off' else NO_MLP}): prefill logits at all "
+            f"{args.agree_tokens} positions; greedy: tokens equal before the first difference, "
+            f"of {args.steps}.",
             "",
             "| dtype | max \\|patched − HF\\| | max \\|HF − fp32\\| | max \\|patched − fp32\\| "
             "| max \\|logit\\| | greedy patched = HF | HF = fp32 | patched = fp32 |",

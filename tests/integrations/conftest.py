@@ -12,6 +12,8 @@ import pytest
 import sgljit
 import sgljit.integrations
 
+MLP_OPS = ("silu_and_mul", "gelu_tanh_and_mul")
+
 
 @pytest.fixture(autouse=True)
 def _revert():
@@ -44,7 +46,8 @@ def op_calls(monkeypatch):
     """A Counter of (op name, last dimension of its first argument) for every call of the sgljit
     ops the integrations use, made through ``sgljit.ops`` (as the patched code calls them)."""
     calls: collections.Counter = collections.Counter()
-    for name in ("rmsnorm", "gemma_rmsnorm", "apply_rope", "timestep_embedding"):
+    names = ("rmsnorm", "gemma_rmsnorm", "apply_rope", "timestep_embedding", *MLP_OPS)
+    for name in names:
         op = getattr(sgljit.ops, name)
 
         def spy(*args, _op=op, _name=name, **kwargs):

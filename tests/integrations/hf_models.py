@@ -12,10 +12,10 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (the nox sessions install it)"
 )
 
-HIDDEN, HEAD_DIM, VOCAB, STEPS = 128, 64, 128, 32
+HIDDEN, HEAD_DIM, VOCAB, STEPS, INTERMEDIATE = 128, 64, 128, 32, 256
 COMMON = dict(
     hidden_size=HIDDEN,
-    intermediate_size=256,
+    intermediate_size=INTERMEDIATE,
     num_hidden_layers=2,
     num_attention_heads=2,
     num_key_value_heads=1,
@@ -37,6 +37,11 @@ PER_HEAD_NORMS = {"qwen3", "gemma3"}  # q_norm / k_norm over head_dim
 
 def norm_op(family: str) -> str:
     return "gemma_rmsnorm" if family.startswith("gemma") else "rmsnorm"
+
+
+def mlp_op(family: str) -> str:
+    """The gated activation of the family's MLP (Gemma's hidden_activation: gelu_pytorch_tanh)."""
+    return "gelu_tanh_and_mul" if family.startswith("gemma") else "silu_and_mul"
 
 
 def build(family: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -83,7 +88,8 @@ def unpatched(family: str, dtype: torch.dtype, device: str):
 
 def assert_matches_hf(family: str, device: str, model, op_calls) -> None:
     """``model`` (float32, on sgljit) gives HF's logits to 1e-5 and its greedy tokens, and ran the
-    norm of every width (per-head q/k norms too) and rope on sgljit's ops."""
+    norm of every width (per-head q/k norms too), rope and the MLP's activation (over the fused
+    gate and up projections' [T, 2 * intermediate] output) on sgljit's ops."""
     expected_logits, expected_tokens = unpatched(family, torch.float32, device)
     logits, tokens = run(model, device)
     torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
@@ -93,3 +99,4 @@ def assert_matches_hf(family: str, device: str, model, op_calls) -> None:
     if family in PER_HEAD_NORMS:
         assert op_calls[norm_op(family), HEAD_DIM] > 0
     assert op_calls["apply_rope", HEAD_DIM] > 0
+    assert op_calls[mlp_op(family), 2 * INTERMEDIATE] > 0

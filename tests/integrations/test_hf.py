@@ -4,8 +4,9 @@ supported family, built from configs (nothing downloaded), patched against unpat
 On each backend (the reference and the SYCL kernels on CPU tensors, CUDA on a GPU): float32 logits
 agree to 1e-5 and 32 greedy tokens are identical; bfloat16 logits agree within bf16 rounding and
 are no further from the float32 model's than HF's own bfloat16 logits are. The spy checks that the
-kernels really ran (norms of every width, q_norm/k_norm included, and rope). Under autograd nothing
-runs on a kernel and gradients are HF's exactly.
+kernels really ran (norms of every width, q_norm/k_norm included, rope and the MLP's activation
+over its fused gate-and-up GEMM). Under autograd nothing runs on a kernel and gradients are HF's
+exactly. The fused MLP keeps the model's parameters, state_dict, saving and memory.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .hf_models import (
     MODELS,
     assert_matches_hf,
     build,
+    mlp_op,
     norm_op,
     prompt,
     transformers,
@@ -78,6 +80,7 @@ def test_bfloat16_logits(family, backend, backend_env, op_calls):
         with torch.no_grad():
             ours = model(ids, attention_mask=mask).logits.float()
     assert called(op_calls, norm_op(family)) and called(op_calls, "apply_rope")
+    assert called(op_calls, mlp_op(family))
     torch.testing.assert_close(ours, hf, rtol=0, atol=2e-2)
     assert (ours - exact).abs().max() <= 1.5 * (hf - exact).abs().max()
 
@@ -97,6 +100,155 @@ def test_training_runs_hf_code(family, op_calls):
         grads.append([loss.detach()] + [p.grad for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
     assert not op_calls
+
+
+# ------------------------------------------------------------------------------------------------
+# The MLP: gate and up fused into one weight whose halves the two parameters are
+
+
+def _gate_up(mlp) -> torch.Tensor:
+    return mlp.__dict__["_sgljit_gate_up"]
+
+
+def _assert_fused(model) -> None:
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        gate_up, gate, up = _gate_up(mlp), mlp.gate_proj.weight, mlp.up_proj.weight
+        assert gate_up.shape == (2 * gate.shape[0], gate.shape[1])
+        assert gate.untyped_storage().data_ptr() == gate_up.untyped_storage().data_ptr()
+        assert torch.equal(gate_up, torch.cat((gate, up)))
+        assert up.data_ptr() == gate_up[gate.shape[0] :].data_ptr()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma3"])
+def test_mlp_keeps_state_dict_saving_and_memory(family, op_calls, tmp_path):
+    """Fused, the model has the same parameters (the same objects), state_dict keys and values,
+    no more parameter storage than before, and saves and loads as HF's; revert gives the class
+    its forward back."""
+    model = build(family)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    params = dict(model.named_parameters())
+    storage = sum(p.untyped_storage().nbytes() for p in params.values())
+    cls = type(model.model.layers[0].mlp)
+    forward = cls.forward
+    sgl.apply_to_model(model)
+    _assert_fused(model)
+    assert cls.forward is not forward
+    assert dict(model.named_parameters()) == params  # the same Parameter objects
+    fused = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params.values()}
+    assert sum(fused.values()) == storage
+    got = model.state_dict()
+    assert list(got) == list(state)
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    model.save_pretrained(tmp_path)
+    loaded = getattr(transformers, MODELS[family][1]).from_pretrained(tmp_path)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in state.items())
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    fresh = build(family)
+    fresh.load_state_dict(torch.load(tmp_path / "state.pt"))
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in state.items())
+    sgl.revert()
+    assert cls.forward is forward
+    assert "_sgljit_gate_up" not in vars(model.model.layers[0].mlp)
+    op_calls.clear()
+    ids, mask = prompt("cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(ids, attention_mask=mask).logits, loaded(ids, attention_mask=mask).logits
+        )
+    assert not called(op_calls, mlp_op(family))
+
+
+def test_mlp_load_state_dict_keeps_fusion_and_to_refuses(op_calls):
+    """load_state_dict copies into the fused halves (the forward sees the new weights); model.to()
+    gives each parameter its own storage again, and the next forward fuses them anew."""
+    model, other = build("llama"), build("llama")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
+    ids, mask = prompt("cpu")
+    with torch.no_grad():
+        expected = other(ids, attention_mask=mask).logits
+    sgl.apply_to_model(model)
+    model.load_state_dict(other.state_dict())
+    _assert_fused(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected)
+    assert called(op_calls, "silu_and_mul")
+    model.to(torch.bfloat16)
+    mlp = model.model.layers[0].mlp
+    assert "_sgljit_gate_up" not in vars(mlp)  # the float32 weight is not held
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    _assert_fused(model)
+    assert _gate_up(mlp).dtype == torch.bfloat16
+
+
+def test_mlp_fused_at_first_forward_when_patched_by_class(op_calls, tmp_path):
+    """apply_to_llama() before from_pretrained: the model is fused at its first forward."""
+    build("llama").save_pretrained(tmp_path)
+    sgl.apply_to_llama()
+    model = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert "_sgljit_gate_up" not in vars(model.model.layers[0].mlp)
+    ids, mask = prompt("cpu")
+    with torch.inference_mode():
+        model(ids, attention_mask=mask)
+    _assert_fused(model)
+    assert not _gate_up(model.model.layers[0].mlp).is_inference()
+
+
+class _LoraLike(torch.nn.Linear):
+    """A Linear subclass standing for PEFT's LoRA layers (a forward sgljit does not know)."""
+
+    def forward(self, x):
+        return super().forward(x) + 1.0
+
+
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("bias", "gate_proj has a bias"),
+        ("lora", "up_proj is a _LoraLike, not a torch.nn.Linear"),
+        ("act", "act_fn ReLU is neither SiLU nor tanh-GELU"),
+    ],
+)
+def test_mlp_falls_back_with_a_reason(case, reason, op_calls):
+    """MLPs the fused path cannot take run HF's forward, and say why."""
+    if case == "bias":
+        config = transformers.LlamaConfig(**build("llama").config.to_dict())
+        config.mlp_bias = True
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
+    else:
+        model = build("llama")
+        for layer in model.model.layers:
+            if case == "lora":
+                lora = _LoraLike(HIDDEN, layer.mlp.up_proj.out_features, bias=False)
+                lora.load_state_dict(layer.mlp.up_proj.state_dict())
+                layer.mlp.up_proj = lora
+            else:
+                layer.mlp.act_fn = torch.nn.ReLU()
+    ids, mask = prompt("cpu")
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        sgl.apply_to_model(model)
+        got = model(ids, attention_mask=mask).logits
+    assert all(layer.mlp.sgljit_mlp_fallback.startswith(reason) for layer in model.model.layers)
+    assert torch.equal(got, expected)
+    assert not called(op_calls, "silu_and_mul") and called(op_calls, "rmsnorm")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_mlp_off(family, op_calls):
+    """mlp=False patches the norms and rope only: the weights stay as they were."""
+    model = build(family)
+    gate = model.model.layers[0].mlp.gate_proj.weight.data_ptr()
+    sgl.apply_to_model(model, mlp=False)
+    ids, mask = prompt("cpu")
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    assert model.model.layers[0].mlp.gate_proj.weight.data_ptr() == gate
+    assert called(op_calls, norm_op(family)) and not called(op_calls, mlp_op(family))
 
 
 # ------------------------------------------------------------------------------------------------

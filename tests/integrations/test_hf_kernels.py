@@ -3,7 +3,8 @@
 ``sgl.kernelize(model)`` on tiny random Llama, Qwen 3 and Gemma 3 models (nothing downloaded).
 
 On each backend: float32 logits agree with HF's to 1e-5 and 32 greedy tokens are identical, and
-the spy shows every norm width (per-head q/k norms included) and rope ran on sgljit's ops. In
+the spy shows every norm width (per-head q/k norms included), rope and the MLP's activation ran on
+sgljit's ops. In
 training nothing runs on a kernel and gradients are HF's exactly; a transformers whose code
 differs is refused; nothing is fetched from the Hub.
 """
@@ -24,6 +25,7 @@ from .hf_models import (
     MODELS,
     assert_matches_hf,
     build,
+    mlp_op,
     norm_op,
     prompt,
     transformers,
@@ -81,7 +83,8 @@ def test_training_runs_hf_code(family, op_calls):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_compiles_to_one_graph(family):
     """Kernelized for torch.compile, the model compiles with fullgraph=True (the reference
-    backend on the CPU) and every norm and rope in the graph is sgljit's custom op."""
+    backend on the CPU) and every norm, rope and MLP activation in the graph is sgljit's custom
+    op."""
     model = build(family)
     ids, mask = prompt("cpu")
     with torch.no_grad():
@@ -101,7 +104,8 @@ def test_compiles_to_one_graph(family):
     torch._dynamo.reset()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
-    assert ops == {norm_op(family): norms, "apply_rope": model.config.num_hidden_layers}
+    layers = model.config.num_hidden_layers
+    assert ops == {norm_op(family): norms, "apply_rope": layers, mlp_op(family): layers}
 
 
 def test_nothing_comes_from_the_hub(monkeypatch, op_calls):
@@ -163,6 +167,25 @@ def test_gemma_norm_registration_is_reverted():
     assert Gemma3RMSNorm.kernel_layer_name == "GemmaRMSNorm"
     sgl.revert()
     assert "kernel_layer_name" not in vars(Gemma3RMSNorm)
+
+
+def test_mlp_registration_and_fusion_are_reverted():
+    """transformers 5.24 registers no MLP; sgljit registers the checked ones as "GatedMLP" and
+    kernelize fuses the model's gate and up weights; revert() undoes the registration and drops the
+    fused weight (the parameters keep their values)."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    assert "kernel_layer_name" not in vars(LlamaMLP)
+    model = build("llama")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    sgl.kernelize(model)
+    mlp = model.model.layers[0].mlp
+    assert LlamaMLP.kernel_layer_name == "GatedMLP"
+    assert mlp.gate_proj.weight.data_ptr() == vars(mlp)["_sgljit_gate_up"].data_ptr()
+    sgl.revert()
+    assert "kernel_layer_name" not in vars(LlamaMLP) and "_apply" not in vars(LlamaMLP)
+    assert "_sgljit_gate_up" not in vars(mlp)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
 
 def test_errors():

@@ -17,7 +17,8 @@ and newer install), with sgljit's layers and nothing downloaded::
 
 transformers and diffusers are not dependencies of sgljit: they are imported when a function
 here is called, and an ImportError says which one is missing. Patches are process-wide (classes
-and module functions), as Liger-Kernel's are. Under autograd (training) the patched code runs the
+and module functions), as Liger-Kernel's are; ``mlp=False`` leaves the MLP (one gate-and-up GEMM over
+weights that share one tensor, then sgljit's gated activation) to HF. Under autograd (training) the patched code runs the
 libraries' own PyTorch, so a patched model still trains; see :mod:`sgljit.nn` for the numerics.
 """
 

@@ -18,6 +18,10 @@ layers::
 - **Gemma's norms** (``(1 + weight)``) are not registered by transformers; for a Gemma 2/3 model
   sgljit registers its RMSNorm class as ``"GemmaRMSNorm"`` (its ``kernel_layer_name``, as
   ``kernels.replace_kernel_forward_from_hub`` does; :func:`sgljit.integrations.revert` undoes it).
+- **The MLPs** (gate and up as one GEMM, then ``silu_and_mul`` / ``gelu_tanh_and_mul``:
+  :mod:`.hf_mlp`) likewise: their classes are registered as ``"GatedMLP"`` where transformers
+  registers none; ``kernelize`` fuses the model's gate and up weights, ``kernel_config``'s model
+  has them fused at its first forward.
 - **Checked first, exact per call.** Before a model is kernelized each of its supported families
   is checked as ``apply_to_<family>`` checks it (HF's norm formula bit for bit, the rope
   convention): a transformers whose code differs is refused with an error. Per call, a layer runs
@@ -36,7 +40,7 @@ import functools
 
 import torch
 
-from . import _patching
+from . import _patching, hf_mlp
 from .hf_transformers import (
     checked_norm,
     checked_rope,
@@ -52,6 +56,7 @@ __all__ = ["DEVICES", "LAYER_NAMES", "kernel_config", "kernelize"]
 # The kernels library's device types that sgljit dispatches (a ROCm GPU is "rocm": not mapped).
 DEVICES = ("cuda", "xpu", "cpu")
 GEMMA_NORM = "GemmaRMSNorm"  # the name sgljit registers Gemma's norm classes under
+GATED_MLP = "GatedMLP"  # ... and the MLP classes, which transformers does not register
 
 # What _prepare() learned of the classes the layers meet (kept: a fact about a class, not a patch).
 # A norm class checked -> the sgljit forward that serves it (sgljit.nn's, as apply_to_* uses).
@@ -60,6 +65,9 @@ _NORM_FORWARDS: dict[type, object] = {}
 # function, whether the family was checked). The instance is never a model's: kernelize routes a
 # model's calls through that model's own instances, so calling one of those would come back here.
 _ROPES: dict[type, tuple[torch.nn.Module, bool]] = {}
+# The MLP classes checked (their forward computes what sgljit's fused MLP does); the names they
+# are registered under map to GatedMLP.
+_MLPS: set[type] = set()
 
 
 class RMSNorm(torch.nn.Module):
@@ -93,6 +101,19 @@ class RotaryPosEmb(torch.nn.Module):
         return hf(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 
+class GatedMLP(torch.nn.Module):
+    """The layer for ``"GatedMLP"``: the MLP's forward on one gate-and-up GEMM and a gated
+    activation kernel (:mod:`.hf_mlp`) for a class checked, transformers' own forward for any
+    other and for any call the kernel path does not take."""
+
+    can_torch_compile = True
+    has_backward = True  # autograd runs transformers' forward
+
+    def forward(self, x):
+        out = hf_mlp.mlp_forward(self, x) if type(self) in _MLPS else None
+        return type(self).forward(self, x) if out is None else out
+
+
 class _Repository:
     """A ``kernels`` repository over a layer of this module: ``load`` returns it."""
 
@@ -107,8 +128,17 @@ class _Repository:
         return f"{__name__}.{self.layer_name}"
 
 
-_REPOSITORIES = {"RMSNorm": _Repository(RMSNorm), "rotary_pos_emb": _Repository(RotaryPosEmb)}
-LAYER_NAMES = {"RMSNorm": "RMSNorm", GEMMA_NORM: "RMSNorm", "rotary_pos_emb": "rotary_pos_emb"}
+_REPOSITORIES = {
+    "RMSNorm": _Repository(RMSNorm),
+    "rotary_pos_emb": _Repository(RotaryPosEmb),
+    GATED_MLP: _Repository(GatedMLP),
+}
+LAYER_NAMES = {
+    "RMSNorm": "RMSNorm",
+    GEMMA_NORM: "RMSNorm",
+    "rotary_pos_emb": "rotary_pos_emb",
+    GATED_MLP: GATED_MLP,
+}
 
 
 def _mapping(model: torch.nn.Module) -> dict:
@@ -119,6 +149,9 @@ def _mapping(model: torch.nn.Module) -> dict:
     mapping: dict = {name: {} for name in _registered_names(model)}
     for name, layer in LAYER_NAMES.items():
         mapping[name] = dict.fromkeys(DEVICES, _REPOSITORIES[layer])
+    for mlp in _MLPS:  # a name transformers registers an MLP under (none in 5.24)
+        name = str(getattr(mlp, "kernel_layer_name", GATED_MLP))
+        mapping[name] = dict.fromkeys(DEVICES, _REPOSITORIES[GATED_MLP])
     return mapping
 
 
@@ -147,6 +180,11 @@ def _prepare(model: torch.nn.Module) -> list[str]:
         rope = checked_rope(family, modeling)
         if is_hub_function(rope):
             _ROPES[type(rope)] = (type(rope)(), True)
+        mlp = hf_mlp.checked_mlp(family, modeling)
+        hf_mlp.patch_class(mlp, forward=False)
+        if not hasattr(mlp, "kernel_layer_name"):  # transformers 5.24 registers no MLP
+            _patching.patch(mlp, "kernel_layer_name", GATED_MLP)
+        _MLPS.add(mlp)
     return families
 
 
@@ -159,6 +197,7 @@ def kernelize(model: torch.nn.Module, mode=None, *, device=None) -> torch.nn.Mod
     Layers without an sgljit layer are set back to transformers' own forward."""
     kernels = _kernels()
     _prepare(model)
+    hf_mlp.fuse_model(model, tuple(_MLPS))
     if mode is None:
         mode = kernels.Mode.TRAINING if model.training else kernels.Mode.INFERENCE
     with kernels.use_kernel_mapping(_mapping(model), inherit_mapping=False):

@@ -1,5 +1,5 @@
-"""Hugging Face transformers: the RMSNorms and rope of Llama, Mistral, Qwen2, Qwen3 (its per-head
-q_norm/k_norm too), Gemma 2 and Gemma 3 on sgljit's kernels.
+"""Hugging Face transformers: the RMSNorms, rope and MLP of Llama, Mistral, Qwen2, Qwen3 (its
+per-head q_norm/k_norm too), Gemma 2 and Gemma 3 on sgljit's kernels.
 
 What is patched, in the model family's modeling module (``transformers.models.<family>.modeling_<family>``):
 
@@ -18,6 +18,9 @@ What is patched, in the model family's modeling module (``transformers.models.<f
   the module-level name holds a module standing for it: the patch replaces the name all the
   same, and its fallback calls that module (so whatever ``kernelize`` chose still runs there).
 
+- ``<Family>MLP.forward``: one GEMM over the gate and up weights (made the halves of one tensor, no
+  copy kept) and ``silu_and_mul`` / ``gelu_tanh_and_mul``, or HF's forward: :mod:`.hf_mlp`.
+
 The same checks and kernels serve transformers' own kernel mechanism: :mod:`.hf_kernels`.
 
 Before patching, each replacement is checked against the installed transformers on small CPU
@@ -34,7 +37,7 @@ import inspect
 import torch
 
 from .. import nn, ops
-from . import _patching
+from . import _patching, hf_mlp
 
 __all__ = [
     "FAMILIES",
@@ -64,46 +67,48 @@ _NORMS = {
 _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 
 
-def apply_to_llama(*, rms_norm: bool = True, rope: bool = True) -> None:
-    """Run Llama's RMSNorm and rope on sgljit kernels (every Llama model, existing or future)."""
-    _apply("llama", rms_norm=rms_norm, rope=rope)
+def apply_to_llama(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
+    """Run Llama's RMSNorm, rope and MLP on sgljit kernels (every Llama model, existing or future)."""
+    _apply("llama", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_mistral(*, rms_norm: bool = True, rope: bool = True) -> None:
-    """Run Mistral's RMSNorm and rope on sgljit kernels."""
-    _apply("mistral", rms_norm=rms_norm, rope=rope)
+def apply_to_mistral(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
+    """Run Mistral's RMSNorm, rope and MLP on sgljit kernels."""
+    _apply("mistral", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_qwen2(*, rms_norm: bool = True, rope: bool = True) -> None:
-    """Run Qwen2's RMSNorm and rope on sgljit kernels."""
-    _apply("qwen2", rms_norm=rms_norm, rope=rope)
+def apply_to_qwen2(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
+    """Run Qwen2's RMSNorm, rope and MLP on sgljit kernels."""
+    _apply("qwen2", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True) -> None:
-    """Run Qwen3's RMSNorms (hidden and the per-head q_norm/k_norm) and rope on sgljit kernels."""
-    _apply("qwen3", rms_norm=rms_norm, rope=rope)
+def apply_to_qwen3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
+    """Run Qwen3's RMSNorms (hidden and the per-head q_norm/k_norm), rope and MLP on sgljit kernels."""
+    _apply("qwen3", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_gemma2(*, rms_norm: bool = True, rope: bool = True) -> None:
-    """Run Gemma 2's RMSNorms (``(1 + weight)``) and rope on sgljit kernels."""
-    _apply("gemma2", rms_norm=rms_norm, rope=rope)
+def apply_to_gemma2(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
+    """Run Gemma 2's RMSNorms (``(1 + weight)``), rope and MLP on sgljit kernels."""
+    _apply("gemma2", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
-def apply_to_gemma3(*, rms_norm: bool = True, rope: bool = True) -> None:
-    """Run Gemma 3's RMSNorms (``(1 + weight)``, q_norm/k_norm too) and rope on sgljit kernels."""
-    _apply("gemma3", rms_norm=rms_norm, rope=rope)
+def apply_to_gemma3(*, rms_norm: bool = True, rope: bool = True, mlp: bool = True) -> None:
+    """Run Gemma 3's RMSNorms (``(1 + weight)``, q_norm/k_norm too), rope and MLP on sgljit kernels."""
+    _apply("gemma3", rms_norm=rms_norm, rope=rope, mlp=mlp)
 
 
 def apply_to_model(
-    model: torch.nn.Module, *, rms_norm: bool = True, rope: bool = True
+    model: torch.nn.Module, *, rms_norm: bool = True, rope: bool = True, mlp: bool = True
 ) -> list[str]:
     """Patch every supported family whose modules ``model`` contains; returns their names.
 
     The patch is on the families' classes and modeling modules, so it also covers other models of
-    those families in this process (as the per-family functions do)."""
+    those families in this process (as the per-family functions do). With ``mlp``, ``model``'s
+    MLPs are fused now (see :mod:`.hf_mlp`)."""
     found = families_of(model)
-    for family in found:
-        _apply(family, rms_norm=rms_norm, rope=rope)
+    classes = tuple(_apply(family, rms_norm=rms_norm, rope=rope, mlp=mlp) for family in found)
+    if mlp:
+        hf_mlp.fuse_model(model, classes)
     return found
 
 
@@ -150,7 +155,8 @@ def modeling_module(family: str):
         ) from err
 
 
-def _apply(family: str, *, rms_norm: bool, rope: bool) -> None:
+def _apply(family: str, *, rms_norm: bool, rope: bool, mlp: bool) -> type:
+    """Patch the family; returns its MLP class."""
     modeling = modeling_module(family)
     if rms_norm:
         cls, forward = checked_norm(family, modeling)
@@ -158,6 +164,9 @@ def _apply(family: str, *, rms_norm: bool, rope: bool) -> None:
     if rope:
         original = checked_rope(family, modeling)
         _patching.patch(modeling, "apply_rotary_pos_emb", _rope_function(original))
+    if mlp:
+        hf_mlp.patch_class(hf_mlp.checked_mlp(family, modeling), forward=True)
+    return getattr(modeling, hf_mlp.MLP_CLASSES[family])
 
 
 def checked_norm(family: str, modeling) -> tuple[type, object]:

@@ -903,5 +903,7 @@ def _qknorm_rope_heads(q, k, q_weight):
     return _heads(q, "q", head_dim), _heads(k, "k", head_dim)
 
 
-# The fp8 KV-cache ops declare themselves on this family (its own module).
+# Ops of this family declared in their own modules (imported here so that the family's spec names
+# them): the fp8 KV-cache ops, and qknorm_rope's form with cos/sin computed in the kernel.
 from . import fp8_kv as _fp8_kv  # noqa: E402, F401
+from . import qknorm_rope_theta as _qknorm_rope_theta  # noqa: E402, F401
