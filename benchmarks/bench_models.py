@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import inspect
 import statistics
 import sys
 import time
@@ -227,10 +228,14 @@ def prefill_ms(model, ids, timer: Timer) -> float:
 def decode_ms(model, ids, timer: Timer) -> tuple[float, dict]:
     """One decode step at ``ids``' context (ms), and the sgljit ops that step calls."""
     out = model(ids, use_cache=True, logits_to_keep=1)
-    cache, next_token = out.cache, out.logits[:, -1:].argmax(-1)
+    # transformers 5.2x names the KV cache `cache`; earlier 5.x releases `past_key_values`
+    cache_arg = (
+        "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
+    cache, next_token = getattr(out, cache_arg), out.logits[:, -1:].argmax(-1)
 
     def decode():
-        model(next_token, cache=cache, use_cache=True)
+        model(next_token, use_cache=True, **{cache_arg: cache})
 
     def drop_token():
         cache.crop(-1)
