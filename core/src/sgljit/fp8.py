@@ -89,9 +89,9 @@ def group_outputs(
     gated: bool = False
 ) -> tuple[Any, Any]:  # fmt: skip
     """``out`` (``fp8_dtype`` ``[T, H]``) and ``scales`` of a per-token-group quantization of the 2-D
-    ``input`` ``[T, H]`` (``gated``: ``[T, 2 * H]``, gate and up halves): given ones checked against
-    ``fp8_dtype`` and the layout ``column_major`` names, the others allocated (``scales`` by
-    :func:`group_scales`)."""
+    ``input`` ``[T, H]`` (``gated``: ``[T, 2 * H]``, gate and up halves; ``group_size`` None: one
+    scale a token, ``[T, 1]``): given ones checked against ``fp8_dtype`` and the layout
+    ``column_major`` names, the others allocated (``scales`` by :func:`group_scales`)."""
     check_fp8_dtype(fp8_dtype)
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
@@ -103,7 +103,8 @@ def group_outputs(
         out = torch.empty(rows, width, dtype=fp8_dtype, device=input.device)
     check_out_dtype(out, fp8_dtype)
     if scales is None:
-        scales = group_scales(rows, groups_of(width, group_size), input.device, column_major)
+        groups = 1 if group_size is None else groups_of(width, group_size)
+        scales = group_scales(rows, groups, input.device, column_major)
     check_scales_layout(scales, column_major)
     return out, scales
 

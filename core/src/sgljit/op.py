@@ -702,8 +702,15 @@ class Op:
             raise ValueError(f"op {self.name!r}: Sizes {dict(case.sizes)} lacks {missing}")
         tol = case.tol if isinstance(case.tol, (int, float)) else case.tol[case.dtype]
         dtypes = {n: _dtype_label(case.dtypes[n]) for n in case.dtypes}
-        label = "x".join(str(v) for v in case.sizes.values()) + (
-            f" {case.label}" if case.label else ""
+        label = "x".join(str(v) for v in case.sizes.values()) + "".join(
+            f" {word}"
+            for word, on in (
+                (case.label, case.label),
+                ("strided", case.pad),
+                ("misaligned", case.offset % 2),
+                ("col-major", case.column_major),
+            )
+            if on
         )
         label += f" {_dtype_label(case.dtype)}" + "".join(f"->{d}" for d in dtypes.values())
         return Case(label, lambda device: _make_args(self, case, device), tol)
