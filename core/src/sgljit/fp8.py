@@ -7,6 +7,7 @@ tensors in each layout a GEMM takes, and ue8m0 (power-of-two) scale rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ __all__ = [
     "check_scales_layout",
     "fp8_max",
     "group_outputs",
+    "group_quant_function",
     "group_scales",
     "groups_of",
     "pow2_ceil",
@@ -120,3 +122,30 @@ def spread_groups(x: torch.Tensor, group_size: int, low: int = -6, high: int = 6
     if mags.numel() > 1:
         mags.view(-1)[-1] = 0.0
     groups.copy_((groups.float() * mags).to(x.dtype))
+
+
+def group_quant_function(op: Any, doc: str, gated: bool = False) -> Callable:
+    """The public function of a per-token-group fp8 op declared with the arguments ``(input, out,
+    scales, group_size, eps, scale_ue8m0)`` (``gated``: input ``[T, 2 * H]``): it allocates and
+    checks ``out`` and ``scales`` (:func:`group_outputs`), calls the op and returns both."""
+
+    def quantize(
+        input: torch.Tensor,
+        group_size: int = 128,
+        *,
+        eps: float = 1e-10,
+        fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+        column_major_scales: bool = False,
+        scale_ue8m0: bool = False,
+        out: torch.Tensor | None = None,
+        scales: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, scales = group_outputs(
+            input, group_size, fp8_dtype, column_major_scales, out, scales, gated
+        )
+        op(input, out, scales, group_size, eps, scale_ue8m0)
+        return out, scales
+
+    quantize.__name__ = quantize.__qualname__ = op.name
+    quantize.__doc__, quantize.__module__ = doc, op.family.module
+    return quantize

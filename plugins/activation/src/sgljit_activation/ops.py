@@ -21,8 +21,7 @@ FP8_DTYPES, GROUP_SIZES = fp8.FP8_DTYPES, (32, 64, 128)
 (_E4M3, _E5M2), (_BF16, _FP16, _FP32) = FP8_DTYPES, (torch.bfloat16, torch.float16, torch.float32)
 # float32: PyTorch's GELU formula (the kernels' too) loses ~1e-6 of |gate| in 1 + erf(...), times |up|
 _TOL = {_BF16: 2e-2, _FP16: 1e-2, _FP32: 5e-5}
-# One fp8 step: the float64 oracle's y may round to the other side of a code boundary (the exact
-# contract is tested bit for bit in tests/plugins/test_activation.py).
+# One fp8 step: the float64 oracle's y may round across a code boundary (bit for bit: test_activation)
 _QUANT_TOL = {_E4M3: 0.125, _E5M2: 0.25}
 
 _ACT_CASES = [  # real widths: Llama 8B/70B, one odd width, a small MoE expert, strided and misaligned
@@ -33,8 +32,6 @@ _ACT_CASES = [  # real widths: Llama 8B/70B, one odd width, a small MoE expert, 
     Sizes({"rows": 5, "d": 1408}, _BF16, _TOL, pad=256),
     Sizes({"rows": 4, "d": 1000}, _FP16, _TOL, pad=6, offset=1),
 ]
-
-
 _ACT_PREBUILD = {  # one entry per dtype
     "cuda": [{"dtype": dt} for dt in FLOATS],
     "sycl": [{"SGLJIT_T": dt, "ACT_VEC": 16 // dt.itemsize} for dt in FLOATS],
@@ -87,9 +84,7 @@ gelu_tanh_and_mul = _gelu_tanh_and_mul.public(
 
 
 def _quant_case(rows, d, dtype, fp8_dtype, group_size, ue8m0=False, **layout) -> Sizes:
-    def fill(args):  # groups of y over several magnitudes, one tiny, one all zero
-        fp8.spread_groups(args[0][:, d:], group_size)
-
+    fill = lambda args: fp8.spread_groups(args[0][:, d:], group_size)  # noqa: E731 (y's magnitudes)
     values = {"group_size": group_size, "eps": 1e-10, "scale_ue8m0": ue8m0}
     return Sizes({"T": rows, "d": d}, dtype, _QUANT_TOL[fp8_dtype], {"out": fp8_dtype}, values,
                  fill=fill, label=f"g{group_size}" + " ue8m0" * ue8m0, **layout)  # fmt: skip
@@ -139,17 +134,8 @@ _silu_and_mul_quant = family.op(
 )
 
 
-def silu_and_mul_per_token_group_quant_fp8(
-    input: torch.Tensor,
-    group_size: int = 128,
-    *,
-    eps: float = 1e-10,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-    column_major_scales: bool = False,
-    scale_ue8m0: bool = False,
-    out: torch.Tensor | None = None,
-    scales: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+silu_and_mul_per_token_group_quant_fp8 = fp8.group_quant_function(
+    _silu_and_mul_quant,
     """``y = silu(gate) * up`` of ``input`` ``[T, 2 * d]`` in float32, quantized to ``fp8_dtype``
     with one float32 scale per group of ``group_size`` (32, 64 or 128, dividing d) columns of a row:
     bit for bit sgljit-quant-fp8's ``per_token_group_quant_fp8(silu_and_mul(input.float()), ...)``
@@ -159,9 +145,6 @@ def silu_and_mul_per_token_group_quant_fp8(
     Returns ``(out [T, d], scales [T, d / group_size])``, ``scales`` row-major or, with
     ``column_major_scales``, column-major with 16-byte aligned columns (DeepSeek-style FP8 GEMMs);
     both may be given (scales in that layout).
-    """
-    out, scales = fp8.group_outputs(
-        input, group_size, fp8_dtype, column_major_scales, out, scales, gated=True
-    )
-    _silu_and_mul_quant(input, out, scales, group_size, eps, scale_ue8m0)
-    return out, scales
+    """,
+    gated=True,
+)

@@ -313,17 +313,8 @@ def per_token_quant_fp8(
     return out, scales
 
 
-def per_token_group_quant_fp8(
-    input: torch.Tensor,
-    group_size: int = 128,
-    *,
-    eps: float = 1e-10,
-    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
-    column_major_scales: bool = False,
-    scale_ue8m0: bool = False,
-    out: torch.Tensor | None = None,
-    scales: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+per_token_group_quant_fp8 = fp8.group_quant_function(
+    _per_token_group,
     """Quantize ``input`` ``[T, H]`` (fp16/bf16/fp32; rows may be strided, the last dimension
     contiguous) to ``fp8_dtype`` with one dynamic fp32 scale per group of ``group_size`` (32, 64 or
     128, dividing H) consecutive elements of a row: ``scale = max(absmax(group) / fp8_max, eps)``
@@ -336,7 +327,5 @@ def per_token_group_quant_fp8(
     TMA loads); both may be given (``scales`` in that layout).
 
     Differences from sglang's kernel: see the README.
-    """
-    out, scales = fp8.group_outputs(input, group_size, fp8_dtype, column_major_scales, out, scales)
-    _per_token_group(input, out, scales, group_size, eps, scale_ue8m0)
-    return out, scales
+    """,
+)
