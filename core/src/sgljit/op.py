@@ -657,7 +657,7 @@ class Op:
     def public(self, doc: str = "", *, name: str | None = None, **defaults: Any) -> Callable:
         """The public function of this op: its tensors read positionally, scalars after them
         (``defaults`` gives their defaults), outputs keyword-only ``=None`` and allocated when
-        not given (shape from the declaration, dtype of the tensor ``dtype`` names or the one
+        not given (shape from the declaration, dtype of the tensor ``dtype`` names or the first
         listed); rows tensors (``"..."``) flattened into ``[rows, ...]`` views. Returns the
         outputs (one, a tuple, or None). Its docstring: ``doc``, then the arguments as declared."""
         return _public(self, name or self.name, doc, defaults)
