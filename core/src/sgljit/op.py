@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,7 +45,19 @@ import torch
 from . import backend as _backend
 from .jit_utils import as_dtype, forget_on_clear, make_cpp_args
 
-__all__ = ["FLOATS", "Case", "Cuda", "Family", "Op", "Scalar", "Sycl", "Tensor", "as_rows"]
+__all__ = [
+    "FLOATS",
+    "Case",
+    "Cuda",
+    "Family",
+    "Op",
+    "Scalar",
+    "Sizes",
+    "Sycl",
+    "Tensor",
+    "as_rows",
+    "vector_width",
+]
 
 NAMESPACE = "sgljit"
 _is_compiling = torch.compiler.is_compiling
@@ -64,7 +77,11 @@ _DECLARED: dict[str, str] = {}
 @dataclasses.dataclass(frozen=True)
 class Tensor:
     """A tensor argument. ``shape``: one entry per dimension — a name (sizes of one name must agree
-    across the op's tensors), an int, or None (any size). ``dtype``: the dtypes allowed, or the
+    across the op's tensors), an int, or None (any size); a size related to a name by ``"k*name"``,
+    ``"name/k"`` or ``"name/scalar"`` (an int argument of the op, e.g. ``"hidden/group_size"``):
+    divisibility and the relation are checked, in C++ and Python with the same messages. A first
+    dimension ``"..."`` makes the tensor *rows*: the public function (:meth:`Op.public`) flattens
+    any leading dimensions into one (the op sees ``[rows, ...]``, symbol ``rows``). ``dtype``: the dtypes allowed, or the
     name of an earlier tensor argument whose dtype it must have, or both in one tuple: that
     tensor's dtype or one of the dtypes listed (``("input", torch.float32)``). ``layout``: ``"rows"`` (unit
     stride in the last dimension, any other strides), ``"contiguous"`` or ``"strided"``. ``io``:
@@ -89,6 +106,14 @@ class Tensor:
         bad = [d for d in shape if not (d is None or isinstance(d, (str, int)))]
         if bad:
             raise TypeError(f"Tensor: each dimension is a name, an int or None, got {bad[0]!r}")
+        for i, d in enumerate(shape):
+            if isinstance(d, str) and not (i == 0 if d == ROWS else _parse_dim(d) is not None):
+                raise ValueError(
+                    f"Tensor: dimension {d!r} is not a name, 'k*name', 'name/k' or 'name/scalar' "
+                    f"('{ROWS}' only first: any leading dimensions, flattened into rows)"
+                )
+        if shape[0] == ROWS and len(shape) < 2:
+            raise ValueError(f"Tensor: '{ROWS}' needs at least one dimension after it")
         if isinstance(dtype, torch.dtype):  # one dtype
             dtype = (dtype,)
         if alias is not None and io == "in":
@@ -130,6 +155,7 @@ class Scalar:
     type: type
     min: float | None = None
     max: float | None = None
+    one_of: tuple | None = None  # the values allowed (checked after min and max)
 
     def __post_init__(self) -> None:
         if self.type not in (bool, int, float):
@@ -150,6 +176,8 @@ class Scalar:
             raise ValueError(f"{name}: expected a value >= {self.min}, got {value}")
         if self.max is not None and not value <= self.max:
             raise ValueError(f"{name}: expected a value <= {self.max}, got {value}")
+        if self.one_of is not None and value not in self.one_of:
+            raise ValueError(f"{name}: expected one of {_listed(self.one_of)}, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,12 +205,26 @@ class Cuda:
 @dataclasses.dataclass(frozen=True)
 class Sycl:
     """The SYCL kernel of an op. ``key(*args)``: the ``-D`` macros of the module the arguments
-    need; ``launch(module, key, *args)`` runs it (work sizes, kernel arguments)."""
+    need. Either ``launch(module, key, *args)`` runs it (work sizes, kernel arguments), or core
+    derives the launch: kernel ``kernel`` (default: the op's name) gets, in the op's order, each
+    tensor's pointer then its strides (all but the unit last one of rows; every one of
+    ``"strided"``; none of ``"contiguous"``) as int64, each scalar (float32, int64, or int32 for
+    bool), then each size name in order of first appearance (``rows`` for ``"..."``) as int64;
+    ``items(sizes, key)`` work-items (``sizes``: the size names and scalars by name) in
+    work-groups of ``group``, at most ``max_groups`` groups (the kernel loops over the rest)."""
 
     file: str
     key: Callable[..., Mapping[str, Any]]
-    launch: Callable[..., None]
+    launch: Callable[..., None] | None = None
     module: str | None = None
+    kernel: str | None = None
+    items: Callable[[Mapping[str, Any], Mapping[str, Any]], int] | None = None
+    group: int = 256
+    max_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.launch is None) == (self.items is None):
+            raise ValueError("Sycl: give either launch= or items= (a derived launch), not both")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +236,29 @@ class Case:
     name: str
     make: Callable[[torch.device], tuple]
     tol: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """A check case as data, its arguments made from the op's declaration: ``sizes`` gives each
+    size name (``rows`` for ``"..."``), ``dtype`` the first tensor's dtype (tensors whose dtype
+    names it follow; ``dtypes`` the others, else their first listed), ``values`` the scalars.
+    Read tensors are random (over several magnitudes); ``pad`` makes rows and strided tensors
+    column slices of buffers ``pad`` elements wider, ``offset`` starts read tensors that many
+    elements into their storage (odd: misaligned), ``column_major`` names 2-D tensors laid out
+    column-major with 16-byte aligned columns; ``fill(args)`` may then shape the values. ``tol``:
+    a number, or one per ``dtype`` (see :class:`Case`)."""
+
+    sizes: Mapping[str, int]
+    dtype: torch.dtype
+    tol: float | Mapping[torch.dtype, float]
+    dtypes: Mapping[str, torch.dtype] = dataclasses.field(default_factory=dict)
+    values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    pad: int = 0
+    offset: int = 0
+    column_major: tuple[str, ...] = ()
+    fill: Callable[[tuple], None] | None = None
+    label: str = ""
 
 
 def _check_declared(name: str, prebuild: Any, cases: Any) -> None:
@@ -209,9 +274,10 @@ def _check_declared(name: str, prebuild: Any, cases: Any) -> None:
                 f"each), got {type(keys).__name__}"
             )
     for case in cases:
-        if not isinstance(case, Case):
+        if not isinstance(case, (Case, Sizes)):
             raise TypeError(
-                f"op {name!r}: cases holds a {type(case).__name__}; each is a sgljit.op.Case"
+                f"op {name!r}: cases holds a {type(case).__name__}; each is a sgljit.op.Case "
+                "or a sgljit.op.Sizes"
             )
 
 
@@ -232,8 +298,9 @@ class Op:
         cuda: Cuda | None = None,
         sycl: Sycl | None = None,
         prebuild: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-        cases: Sequence[Case] = (),
+        cases: Sequence[Case | Sizes] = (),
         doc: str | None = None,
+        allowed: Mapping[str, Sequence[int]] | None = None,
     ):
         reserved = RESERVED_PARAMETERS & set(args)
         reserved |= {n for n in args if n.startswith("_sgljit_") or not n.isidentifier()}
@@ -265,7 +332,9 @@ class Op:
         self.params = tuple(args)
         self.reference, self.cuda, self.sycl = reference, cuda, sycl
         self.prebuild = {b: list(keys) for b, keys in (prebuild or {}).items()}
-        self.cases = tuple(cases)
+        self.allowed = {k: tuple(v) for k, v in (allowed or {}).items()}
+        self._analyse_sizes()
+        self.cases = tuple(c if isinstance(c, Case) else self._case_of(c) for c in cases)
         self.writes = tuple(n for n in tensors if args[n].written)
         # What a call produces: the written tensors but scratch space.
         self.results = tuple(n for n in self.writes if args[n].io != "scratch")
@@ -349,7 +418,7 @@ class Op:
             except TypeError as err:  # tvm-ffi names the argument by position only
                 raise self._name_type_error(err, args) from None
             return None
-        self.check_arguments(args)
+        sizes = self.check_arguments(args)
         if backend == "reference":
             self.reference(*args)
         elif self.sycl is None:
@@ -357,7 +426,10 @@ class Op:
         else:
             key = self.sycl.key(*args)
             module = self.family.sycl_module(self.sycl.module or self.name, key)
-            self.sycl.launch(module, key, *args)
+            if self.sycl.launch is None:
+                self._sycl_launch(module, key, args, sizes)
+            else:
+                self.sycl.launch(module, key, *args)
         return None
 
     def _positional(self, args: tuple, kwargs: dict) -> tuple:
@@ -405,10 +477,13 @@ class Op:
         return err
 
     # -- checks on backends without C++ host code (the same rules as the generated C++) ---------
-    def check_arguments(self, args: Sequence[Any]) -> None:
-        """Raise the error a CUDA call would raise for ``args`` (names the argument)."""
+    def check_arguments(self, args: Sequence[Any]) -> dict[str, int]:
+        """Raise the error a CUDA call would raise for ``args`` (names the argument); returns the
+        sizes of the size names."""
         sizes: dict[str, int] = {}
         dtypes: dict[str, torch.dtype] = {}
+        related: dict[str, tuple] = {}  # size name -> (value, what bound it, the size it came from)
+        deferred: list = []  # sizes divided by a scalar: checked once every argument is read
         device = None
         for name, value in zip(self.params, args, strict=True):
             spec = self.args[name]
@@ -417,7 +492,7 @@ class Op:
                 continue
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
-            _check_tensor(name, spec, value, sizes, dtypes)
+            _check_tensor(name, spec, value, sizes, dtypes, self._check_shapes[name])
             if device is None:
                 device = value.device
             elif value.device != device:
@@ -425,8 +500,16 @@ class Op:
                     f"{name}: expected a tensor on {device} (same as the tensors before it), "
                     f"got one on {value.device}"
                 )
+            for i, dim in self._relations[name]:
+                if isinstance(dim.div, str):
+                    deferred.append((name, i, dim, value.shape[i]))
+                else:
+                    self._relate(name, i, dim, value.shape[i], related)
+        for name, i, dim, size in deferred:
+            self._relate_by_scalar(name, i, dim, size, args[self.params.index(dim.div)], related)
+        sizes.update((k, v[0]) for k, v in related.items())
         if not self._unshared:
-            return
+            return sizes
         spans = {i: _byte_span(args[i]) for i, _ in self._tensor_index}
         for (i, j), name, other, other_written, alias in self._unshared:
             (a_lo, a_hi), (b_lo, b_hi) = spans[i], spans[j]
@@ -435,6 +518,202 @@ class Op:
             a, b = args[i], args[j]
             if shares_memory(a, b) and not (alias and _same_view(a, b)):
                 raise ValueError(_shared_message(name, other, other_written))
+        return sizes
+
+    # -- sizes the spec relates (k*name, name/k, name/scalar, allowed sets) -----------------------
+    def _analyse_sizes(self) -> None:
+        ints = {n for n, a in self.args.items() if isinstance(a, Scalar) and a.type is int}
+        related = set(self.allowed)
+        self._symbols: list[str] = []  # every size name, in order of first appearance
+        for n, a in self.args.items():
+            for d in a.shape if isinstance(a, Tensor) else ():
+                dim = _parse_dim(d) if isinstance(d, str) else None
+                if dim is None:
+                    continue
+                if dim.symbol not in self._symbols:
+                    self._symbols.append(dim.symbol)
+                if dim.mul != 1 or dim.div != 1:
+                    related.add(dim.symbol)
+                if isinstance(dim.div, str) and dim.div not in ints:
+                    raise ValueError(
+                        f"op {self.name!r}: {n}'s dimension {d!r} divides by {dim.div!r}, "
+                        "which is not an int argument of the op"
+                    )
+        unknown = set(self.allowed) - set(self._symbols)
+        if unknown:
+            raise ValueError(f"op {self.name!r}: allowed names {sorted(unknown)}, no size name")
+        self._check_shapes: dict[str, tuple] = {}
+        self._relations: dict[str, tuple] = {}
+        self._holders: dict[str, str] = {}  # a related name -> the first dimension that is it
+        for n, a in self.args.items():
+            if not isinstance(a, Tensor):
+                continue
+            dims = [_parse_dim(d) if isinstance(d, str) else None for d in a.shape]
+            self._check_shapes[n] = tuple(
+                None if dim is not None and dim.symbol in related else dim.symbol if dim else d
+                for d, dim in zip(a.shape, dims, strict=True)
+            )
+            self._relations[n] = tuple(
+                (i, dim) for i, dim in enumerate(dims) if dim is not None and dim.symbol in related
+            )
+            for i, dim in self._relations[n]:
+                if dim.text == dim.symbol:
+                    self._holders.setdefault(dim.symbol, f"{n}'s {_where(i, len(a.shape))}")
+
+    def _relate(self, name: str, i: int, dim: _Dim, size: int, related: dict) -> None:
+        where = _where(i, len(self.args[name].shape))
+        if size % dim.mul:
+            raise ValueError(
+                f"{name}: {where} must be {_multiple(dim.mul)} ({dim.text}), got {size}"
+            )
+        value = size // dim.mul * dim.div
+        bound = related.get(dim.symbol)
+        if bound is None:
+            self._check_allowed(name, i, dim.symbol, value)
+            related[dim.symbol] = (value, _origin(name, where, dim), size)
+        elif bound[0] != value:
+            why = (
+                f"{bound[1]} {bound[2]}"
+                if dim.text == dim.symbol
+                else f"{dim.text}, {dim.symbol} = {bound[0]}"
+            )
+            raise ValueError(
+                f"{name}: dimension {i} expected {bound[0] * dim.mul // dim.div} ({why}), got {size}"
+            )
+
+    def _relate_by_scalar(self, name, i, dim: _Dim, size: int, by: int, related: dict) -> None:
+        if by <= 0:  # the scalar's own bounds name it
+            return
+        bound = related.get(dim.symbol)
+        if bound is None:
+            self._check_allowed(name, i, dim.symbol, size * by)
+            where = _where(i, len(self.args[name].shape))
+            related[dim.symbol] = (size * by, f"{dim.div} times {name}'s {where}", size)
+            return
+        holder = self._holders.get(dim.symbol, dim.symbol)
+        if bound[0] % by:
+            raise ValueError(f"{dim.div}: must divide {holder} {bound[0]}, got {by}")
+        if size != bound[0] // by:
+            raise ValueError(
+                f"{name}: dimension {i} expected {bound[0] // by} ({holder} / {dim.div}), "
+                f"got {size}"
+            )
+
+    def _check_allowed(self, name: str, i: int, symbol: str, value: int) -> None:
+        allowed = self.allowed.get(symbol)
+        if allowed is not None and value not in allowed:
+            raise ValueError(
+                f"{name}: dimension {i} expected {symbol} in {{{_listed(allowed)}}}, got {value}"
+            )
+
+    def _cpp_relation(self, name: str, i: int, dim: _Dim) -> str:
+        """The C++ of :meth:`_relate` (or :meth:`_relate_by_scalar`): the same rule and messages."""
+        s, rank = _sym(dim.symbol), len(self.args[name].shape)
+        where = _where(i, rank)
+        allowed = self.allowed.get(dim.symbol)
+
+        def bind(value: str, origin: str) -> str:
+            check = ""
+            if allowed:
+                test = " || ".join(f"{value} == {a}" for a in allowed)
+                check = (
+                    f'RuntimeCheck({test}, "{name}: dimension {i} expected {dim.symbol} in '
+                    f'{{{_listed(allowed)}}}, got ", {value}); '
+                )
+            return f'{check}rel_{s} = {value}; from_{s} = "{origin}"; from_size_{s} = size;'
+
+        head = f"  {{\n    const int64_t size = {name}.size({i});\n"
+        if isinstance(dim.div, str):
+            holder, g = self._holders.get(dim.symbol, dim.symbol), dim.div
+            origin = f"{g} times {name}'s {where}"
+            return (
+                f"{head}    if ({g} > 0) {{\n"
+                f"      if (rel_{s} < 0) {{ {bind(f'size * {g}', origin)} }}\n"
+                f"      else {{\n"
+                f'        RuntimeCheck(rel_{s} % {g} == 0, "{g}: must divide {holder} ", rel_{s}, ", got ", {g});\n'
+                f'        RuntimeCheck(size == rel_{s} / {g}, "{name}: dimension {i} expected ", rel_{s} / {g}, '
+                f'" ({holder} / {g}), got ", size);\n'
+                f"      }}\n    }}\n  }}"
+            )
+        lines = [head]
+        if dim.mul != 1:
+            lines.append(
+                f'    RuntimeCheck(size % {dim.mul} == 0, "{name}: {where} must be '
+                f'{_multiple(dim.mul)} ({dim.text}), got ", size);\n'
+            )
+        if dim.text == dim.symbol:
+            why = f'" (", from_{s}, " ", from_size_{s}, "), got "'
+        else:
+            why = f'" ({dim.text}, {dim.symbol} = ", rel_{s}, "), got "'
+        lines.append(
+            f"    const int64_t value = size / {dim.mul} * {dim.div};\n"
+            f"    if (rel_{s} < 0) {{ {bind('value', _origin(name, where, dim))} }}\n"
+            f'    else RuntimeCheck(rel_{s} == value, "{name}: dimension {i} expected ", '
+            f"rel_{s} * {dim.mul} / {dim.div}, {why}, size);\n  }}"
+        )
+        return "".join(lines)
+
+    # -- derived from the declaration: public function, SYCL launch, check cases -----------------
+    def public(self, doc: str = "", *, name: str | None = None, **defaults: Any) -> Callable:
+        """The public function of this op: its tensors read positionally, scalars after them
+        (``defaults`` gives their defaults), outputs keyword-only ``=None`` and allocated when
+        not given (shape from the declaration, dtype of the tensor ``dtype`` names or the first
+        listed); rows tensors (``"..."``) flattened into ``[rows, ...]`` views. Returns the
+        outputs (one, a tuple, or None). Its docstring: ``doc``, then the arguments as declared."""
+        return _public(self, name or self.name, doc, defaults)
+
+    def _sycl_launch(self, module, key: Mapping[str, Any], args: tuple, sizes: dict) -> None:
+        kernel = self.sycl
+        named = {**sizes, **{n: args[i] for i, n in enumerate(self.params) if n not in sizes}}
+        items = kernel.items(named, key)
+        if items <= 0:
+            return
+        groups = -(-items // kernel.group)
+        if kernel.max_groups is not None:
+            groups = min(groups, kernel.max_groups)
+        values: list = []
+        for n, a in zip(self.params, args, strict=True):
+            spec = self.args[n]
+            if isinstance(spec, Scalar):
+                values.append(int(a) if spec.type is bool else a)
+                continue
+            values.append(a)
+            values += [a.stride(d) for d in _stride_dims(spec)]
+        values += [sizes[s] for s in self._symbols]
+        fn = module.get_function(kernel.kernel or self.name, self._sycl_argtypes)
+        fn(groups * kernel.group, kernel.group, *values)
+
+    @property
+    def _sycl_argtypes(self) -> tuple[str, ...]:
+        types: list[str] = []
+        for spec in self.args.values():
+            if isinstance(spec, Scalar):
+                types.append({float: "f32", int: "i64", bool: "i32"}[spec.type])
+            else:
+                types += ["ptr"] + ["i64"] * len(_stride_dims(spec))
+        return (*types, *["i64"] * len(self._symbols))
+
+    def _case_of(self, case: Sizes) -> Case:
+        missing = [
+            n for n, a in self.args.items() if isinstance(a, Scalar) and n not in case.values
+        ]
+        missing += [s for s in self._symbols if s not in case.sizes]
+        if missing:
+            raise ValueError(f"op {self.name!r}: Sizes {dict(case.sizes)} lacks {missing}")
+        tol = case.tol if isinstance(case.tol, (int, float)) else case.tol[case.dtype]
+        dtypes = {n: _dtype_label(case.dtypes[n]) for n in case.dtypes}
+        label = "x".join(str(v) for v in case.sizes.values()) + "".join(
+            f" {word}"
+            for word, on in (
+                (case.label, case.label),
+                ("strided", case.pad),
+                ("misaligned", case.offset % 2),
+                ("col-major", case.column_major),
+            )
+            if on
+        )
+        label += f" {_dtype_label(case.dtype)}" + "".join(f"->{d}" for d in dtypes.values())
+        return Case(label, lambda device: _make_args(self, case, device), tol)
 
     # -- modules ---------------------------------------------------------------------------------
     def _cuda_miss(self, args: tuple):
@@ -459,16 +738,22 @@ class Op:
         """C++ of a function ``function`` that checks its arguments as this op declares, then calls
         ``target`` with them."""
         params, lines, symbols = [], [], []
+        related = sorted({dim.symbol for rel in self._relations.values() for _, dim in rel})
         for name, spec in self.args.items():
             params.append(f"{_cpp_param(spec)} {name}")
             if isinstance(spec, Tensor):
-                symbols += [d for d in spec.shape if isinstance(d, str) and d not in symbols]
+                shape = self._check_shapes[name]
+                symbols += [d for d in shape if isinstance(d, str) and d not in symbols]
         if symbols:
             lines.append(
                 "  SymbolicSize " + ", ".join(f'{_sym(s)}{{"{s}"}}' for s in symbols) + ";"
             )
+        for r in related:  # a related size: its value, and what bound it (for messages)
+            r = _sym(r)
+            lines.append(f'  int64_t rel_{r} = -1, from_size_{r} = 0; const char* from_{r} = "";')
         lines.append("  SymbolicDevice device;")
         first = True
+        deferred = []
         for name, spec in self.args.items():
             if isinstance(spec, Scalar):
                 for bound, op in ((spec.min, ">="), (spec.max, "<=")):
@@ -477,10 +762,16 @@ class Op:
                             f'  RuntimeCheck({name} {op} {bound!r}, "{name}: expected a value {op} '
                             f'{bound}, got ", {name});'
                         )
+                if spec.one_of is not None:
+                    test = " || ".join(f"{name} == {_cpp_literal(v)}" for v in spec.one_of)
+                    lines.append(
+                        f'  RuntimeCheck({test}, "{name}: expected one of {_listed(spec.one_of)}, '
+                        f'got ", {name});'
+                    )
                 continue
             dims = ", ".join(
                 _sym(d) if isinstance(d, str) else "kAnySize" if d is None else f"int64_t{{{d}}}"
-                for d in spec.shape
+                for d in self._check_shapes[name]
             )
             m = f"TensorMatcher({{{dims}}})"
             if spec.layout == "rows":
@@ -501,7 +792,12 @@ class Op:
             if spec.written:
                 m += ".writable()"
             lines.append(f'  {m}.verify({name}, "{name}");')
+            for i, dim in self._relations[name]:
+                (deferred if isinstance(dim.div, str) else lines).append(
+                    self._cpp_relation(name, i, dim)
+                )
             first = False
+        lines += deferred
         if self._unshared:
             spans = ", ".join(f"span_{n} = byte_span({n})" for _, n in self._tensor_index)
             lines.append(f"  const ByteSpan {spans};")
@@ -598,6 +894,256 @@ def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
+# -- size names and their relations ---------------------------------------------------------------
+ROWS = "..."  # a first dimension: any leading dimensions, flattened into rows (size name "rows")
+_EXPR = re.compile(r"(?:(\d+)\*)?([A-Za-z_]\w*)(?:/(\d+|[A-Za-z_]\w*))?")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dim:
+    """A declared dimension as a size name: ``symbol * mul / div`` (``div`` an int or a scalar)."""
+
+    text: str
+    symbol: str
+    mul: int = 1
+    div: int | str = 1
+
+
+def _parse_dim(text: str) -> _Dim | None:
+    if text == ROWS:
+        return _Dim("rows", "rows")
+    m = _EXPR.fullmatch(text.replace(" ", ""))
+    if m is None or (m.group(1) and m.group(3)):
+        return None
+    mul, symbol, div = m.groups()
+    if (mul and int(mul) < 1) or (div and div.isdigit() and int(div) < 1):
+        return None
+    return _Dim(text, symbol, int(mul or 1), (int(div) if div.isdigit() else div) if div else 1)
+
+
+def _where(i: int, rank: int) -> str:
+    return "last dimension" if i == rank - 1 else f"dimension {i}"
+
+
+def _multiple(k: int) -> str:
+    return "even" if k == 2 else f"a multiple of {k}"
+
+
+def _origin(name: str, where: str, dim: _Dim) -> str:
+    """What bound a size name, for messages: ``half of input's last dimension``."""
+    of = f"{name}'s {where}"
+    if dim.mul == 2:
+        return f"half of {of}"
+    if dim.mul != 1:
+        return f"1/{dim.mul} of {of}"
+    return f"{dim.div} times {of}" if dim.div != 1 else of
+
+
+def _listed(values: Sequence[Any]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _stride_dims(spec: Tensor) -> range:
+    """The dimensions whose strides a derived SYCL launch passes."""
+    rank = len(spec.shape)
+    return range({"rows": rank - 1, "strided": rank, "contiguous": 0}[spec.layout])
+
+
+def _dtype_label(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.").removeprefix("float8_")
+
+
+def vector_width(dtype: torch.dtype, n: int, *tensors: torch.Tensor, bytes: int = 16) -> int:
+    """Elements a work-item moves at once: ``bytes`` of them where ``n`` (a row's width), every
+    pointer and every row stride allow it, else 1."""
+    vec = bytes // dtype.itemsize
+    aligned = all(
+        t.data_ptr() % bytes == 0 and (t.shape[0] == 1 or t.stride(0) % vec == 0) for t in tensors
+    )
+    return vec if n % vec == 0 and aligned else 1
+
+
+def _size_of(dim: Any, sizes: Mapping[str, int], values: Mapping[str, Any]) -> int:
+    if not isinstance(dim, str):
+        return 1 if dim is None else dim
+    d = _parse_dim(dim)
+    v = sizes[d.symbol] * d.mul
+    return v // (values[d.div] if isinstance(d.div, str) else d.div)
+
+
+def _make_args(op: Op, case: Sizes, device: torch.device) -> tuple:
+    """Fresh arguments of ``op`` for a :class:`Sizes` case (see there)."""
+    args, dtypes = [], {}
+    for n, spec in op.args.items():
+        if isinstance(spec, Scalar):
+            args.append(case.values[n])
+            continue
+        shape = [_size_of(d, case.sizes, case.values) for d in spec.shape]
+        dtype = case.dtypes.get(n) or (
+            case.dtype if not dtypes else dtypes.get(spec.same_as) or spec.dtypes[0]
+        )
+        dtypes[n] = dtype
+        read = spec.io in ("in", "inout")
+        pad = case.pad if spec.layout != "contiguous" else 0
+        offset = case.offset if read else 0
+        if n in case.column_major:
+            rows, cols = shape
+            aligned = -(-rows // 4) * 4  # 16-byte aligned float32 columns (TMA)
+            t = torch.empty(cols, aligned, dtype=dtype, device=device).t()[:rows]
+        else:
+            wide = [*shape[:-1], shape[-1] + pad]
+            count = offset + (torch.Size(wide).numel() if wide else 1)
+            full = (
+                torch.randn(count, device=device) * 3 if read else torch.empty(count, device=device)
+            )
+            t = full.to(dtype)[offset:].view(wide)[..., pad:]
+        args.append(t)
+    if case.fill is not None:
+        case.fill(tuple(args))
+    return tuple(args)
+
+
+# -- public functions: generated per op (no argument loops on the eager path) ----------------------
+def _public(op: Op, name: str, doc: str, defaults: Mapping[str, Any]) -> Callable:
+    unknown = set(defaults) - {n for n, a in op.args.items() if isinstance(a, Scalar)}
+    if unknown:
+        raise ValueError(f"op {op.name!r}: public defaults for {sorted(unknown)}, not scalars")
+    tensors = {n: a for n, a in op.args.items() if isinstance(a, Tensor)}
+    rows = [n for n, a in tensors.items() if a.shape[0] == ROWS]
+    inputs = [n for n, a in op.args.items() if not (isinstance(a, Tensor) and a.io == "out")]
+    outs = [n for n, a in tensors.items() if a.io == "out"]
+    scope: dict[str, Any] = {"_op": op, "_Tensor": torch.Tensor, "_empty": torch.empty}
+    scope.update({f"_default_{n}": v for n, v in defaults.items()})
+    params = [f"{n}=_default_{n}" if n in defaults else n for n in inputs]
+    params += ["*"] + [f"{n}=None" for n in outs] if outs else []
+    lines = []
+    # Where each size name can be read from: the first read tensor with a dimension of it.
+    source: dict[str, str] = {}
+    for n in inputs:
+        spec = op.args[n]
+        if not isinstance(spec, Tensor):
+            continue
+        rank = len(spec.shape)
+        for i, d in enumerate(spec.shape):
+            dim = _parse_dim(d) if isinstance(d, str) and d != ROWS else None
+            if dim is None or isinstance(dim.div, str) or dim.symbol in source:
+                continue
+            at = f"{n}.shape[{i - rank}]"  # from the end: rows tensors have any leading dims
+            source[dim.symbol] = f"{at} // {dim.mul} * {dim.div}" if dim.text != dim.symbol else at
+    first = rows[0] if rows else next(iter(tensors))
+    pattern = "[" + ", ".join("*" if d is None else str(d) for d in tensors[first].shape) + "]"
+    lines.append(
+        f"    if not isinstance({first}, _Tensor) or {first}.dim() == 0:\n"
+        f"        _not_a_tensor({first!r}, {first}, {pattern!r})"
+    )
+    scope["_not_a_tensor"] = _not_a_tensor
+    if rows:
+        lines.append(f"    _lead = {first}.shape[:{1 - len(tensors[first].shape)}]")
+    for n in outs:
+        spec = op.args[n]
+        dims = []
+        for d in spec.shape[1:] if spec.shape[0] == ROWS else spec.shape:
+            dim = _parse_dim(d) if isinstance(d, str) else None
+            if dim is None:
+                if d is None:
+                    raise ValueError(f"op {op.name!r}: {n} has a dimension of any size: pass it")
+                dims.append(str(d))
+                continue
+            if dim.symbol not in source:
+                raise ValueError(f"op {op.name!r}: no read tensor gives {n}'s size {d!r}")
+            v = f"({source[dim.symbol]}) * {dim.mul}"
+            dims.append(
+                f"_per({v}, {dim.div})" if isinstance(dim.div, str) else f"{v} // {dim.div}"
+            )
+        shape = ("*_lead, " if spec.shape[0] == ROWS else "") + ", ".join(dims) + ","
+        dtype = f"{spec.same_as}.dtype" if spec.same_as else f"_dtype_{n}"
+        scope[f"_dtype_{n}"] = spec.dtypes[0] if spec.dtypes else None
+        lines.append(
+            f"    if {n} is None:\n"
+            f"        {n} = _empty(({shape}), dtype={dtype}, device={first}.device)"
+        )
+    scope["_per"] = _per
+    for n in rows[1:]:
+        lines.append(
+            f"    if isinstance({n}, _Tensor) and {n}.shape[:{1 - len(tensors[n].shape)}] != _lead:\n"
+            f"        _lead_mismatch({n!r}, {n}, _lead, {first!r})"
+        )
+    scope["_lead_mismatch"] = _lead_mismatch
+    scope["_flat"] = _flat
+    call = ", ".join(
+        f"_flat({n}, {n!r}, {len(tensors[n].shape) - 1}, {tensors[n].written})" if n in rows else n
+        for n in op.params
+    )
+    lines.append(f"    _op({call})")
+    results = [n for n in outs]
+    lines.append(f"    return {', '.join(results) if results else 'None'}")
+    source_code = f"def {name}({', '.join(params)}):\n" + "\n".join(lines) + "\n"
+    exec(compile(source_code, f"<sgljit public {name}>", "exec"), scope)
+    fn = scope[name]
+    fn.__doc__ = _public_doc(op, doc, outs)
+    fn.__module__ = op.family.module
+    fn.__qualname__ = name
+    return fn
+
+
+def _public_doc(op: Op, doc: str, outs: Sequence[str]) -> str:
+    lines = [doc.strip(), ""] if doc else []
+    for n, a in op.args.items():
+        if isinstance(a, Scalar):
+            lines.append(f"- ``{n}``: {a.type.__name__}")
+            continue
+        dtype = (f"{a.same_as}'s dtype" if isinstance(a.dtype, str) else _dtype_names(a.dtypes)) + (
+            f" or {_dtype_names(a.dtypes)}" if a.same_as and a.dtypes else ""
+        )
+        shape = ", ".join("*" if d is None else str(d) for d in a.shape)
+        what = {"out": "written (allocated when not given)", "inout": "updated in place"}
+        layout = {"rows": "unit last stride", "contiguous": "contiguous", "strided": "any strides"}
+        lines.append(
+            f"- ``{n}`` ``[{shape}]``: {dtype}; {layout[a.layout]}"
+            + (f"; {what[a.io]}" if a.io in what else "")
+        )
+    if outs:
+        lines.append(f"\nReturns {', '.join(outs)}.")
+    return "\n".join(lines)
+
+
+def _per(size: int, by: Any) -> int:
+    """``size // by`` for a positive int ``by``, else 0 (the op's checks then name ``by``)."""
+    ok = isinstance(by, int) and not isinstance(by, bool) and by > 0
+    return size // by if ok else 0
+
+
+def _not_a_tensor(name: str, value: Any, pattern: str) -> None:
+    what = "a 0-d tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise TypeError(f"{name}: expected a torch.Tensor {pattern}, got {what}")
+
+
+def _lead_mismatch(name: str, t: torch.Tensor, lead: Any, first: str) -> None:
+    raise ValueError(
+        f"{name}: expected leading dimensions {list(lead)} ({first}'s), got {list(t.shape)}"
+    )
+
+
+def _flat(t: Any, name: str, trailing: int, written: bool) -> Any:
+    """A rows tensor as ``[rows, *its trailing dims]``: itself when it has that rank, a view when
+    the op writes it (an error naming it when none exists: a copy would take the writes), else a
+    reshape. Anything else is returned as it is, for the op's checks to name."""
+    if not isinstance(t, torch.Tensor) or t.dim() == trailing + 1 or t.dim() < trailing:
+        return t
+    shape = (-1, *t.shape[t.dim() - trailing :])
+    if 0 in shape[1:]:  # rows of no elements: how many is not in the shape; the checks name it
+        return t
+    if not written:
+        return t.reshape(shape)
+    try:
+        return t.view(shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{name}: written in place, so its leading dimensions must collapse into rows of one "
+            f"stride; got shape {list(t.shape)} with strides {list(t.stride())}"
+        ) from None
+
+
 def _pattern(shape: Sequence[Any], sizes: Mapping[str, int]) -> str:
     return (
         "["
@@ -609,24 +1155,26 @@ def _pattern(shape: Sequence[Any], sizes: Mapping[str, int]) -> str:
     )
 
 
-def _check_tensor(name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes: dict) -> None:
-    if t.dim() != len(spec.shape):
+def _check_tensor(
+    name: str, spec: Tensor, t: torch.Tensor, sizes: dict, dtypes: dict, shape: tuple
+) -> None:
+    if t.dim() != len(shape):
         raise ValueError(
-            f"{name}: expected {len(spec.shape)}-D tensor of shape {_pattern(spec.shape, sizes)}, "
+            f"{name}: expected {len(shape)}-D tensor of shape {_pattern(shape, sizes)}, "
             f"got {t.dim()}-D tensor"
         )
-    for d, (want, got) in enumerate(zip(spec.shape, t.shape, strict=True)):
+    for d, (want, got) in enumerate(zip(shape, t.shape, strict=True)):
         if isinstance(want, str):
             bound = sizes.setdefault(want, got)
             if bound != got:
                 raise ValueError(
                     f"{name}: dimension {d} expected {bound} ({want}), got {got} "
-                    f"(shape pattern {_pattern(spec.shape, sizes)})"
+                    f"(shape pattern {_pattern(shape, sizes)})"
                 )
         elif want is not None and want != got:
             raise ValueError(
                 f"{name}: dimension {d} expected {want}, got {got} "
-                f"(shape pattern {_pattern(spec.shape, sizes)})"
+                f"(shape pattern {_pattern(shape, sizes)})"
             )
     if spec.layout == "rows" and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(
@@ -787,6 +1335,8 @@ class Family:
     def __init__(self, name: str, file: str | Path):
         self.name = name
         self.root = Path(file).resolve().parent
+        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+        self.module = caller.f_globals.get("__name__", name)  # public functions' __module__
         self.ops: dict[str, Op] = {}
         # Loaded modules; sgljit.clear_module_cache() forgets them (the disk cache keeps them).
         self._modules: dict = forget_on_clear({})

@@ -13,6 +13,8 @@ plugin.
 import torch
 import torch.nn.functional as F
 
+from sgljit import fp8
+
 __all__ = ["ACTIVATIONS", "act_and_mul", "act_and_mul_into", "silu_and_mul_quant_fp8_into"]
 
 ACTIVATIONS = {
@@ -35,13 +37,6 @@ def act_and_mul_into(kind: str, input: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(act_and_mul(kind, input))
 
 
-def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
-    """``2^ceil(log2(s))`` of positive normal float32 ``s``, exactly; inf and NaN unchanged."""
-    bits = s.view(torch.int32)
-    up = (bits | 0x7FFFFF) + 1
-    return torch.where(((bits & 0x7FFFFF) != 0) & s.isfinite(), up, bits).view(torch.float32)
-
-
 def silu_and_mul_quant_fp8_into(
     input: torch.Tensor,
     out: torch.Tensor,
@@ -57,12 +52,12 @@ def silu_and_mul_quant_fp8_into(
     y = act_and_mul("silu", input).float()  # float64 oracle: y rounded to float32 once, here
     rows, d = y.shape
     groups = y.reshape(rows, d // group_size, group_size)
-    fp8_max = float(torch.finfo(out.dtype).max)
+    fp8_max = fp8.fp8_max(out.dtype)
     amax = groups.abs().amax(dim=-1)
     # a divisor tensor: a Python scalar would let CUDA multiply by its reciprocal
     s = torch.maximum(amax / torch.full_like(amax, fp8_max), torch.full_like(amax, eps))
     if scale_ue8m0:
-        s = _pow2_ceil(s)
+        s = fp8.pow2_ceil(s)
     scales.copy_(s)
     codes = (groups / s.unsqueeze(-1)).clamp(-fp8_max, fp8_max).to(out.dtype)
     out.copy_(codes.view(rows, d))

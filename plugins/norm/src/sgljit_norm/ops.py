@@ -21,6 +21,7 @@ format's range: ``out = (y / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)``.
 
 import torch
 
+from sgljit import fp8
 from sgljit.op import Case, Cuda, Family, Scalar, Sycl, Tensor, as_rows
 
 from . import reference
@@ -822,12 +823,8 @@ def _fp8_dtype(fp8_dtype, out) -> torch.dtype:
     """fp8_dtype, else out's dtype (its spec check names a wrong one), else float8_e4m3fn."""
     if fp8_dtype is None:
         return out.dtype if isinstance(out, torch.Tensor) else _E4M3
-    if fp8_dtype not in FP8_DTYPES:
-        raise TypeError(
-            f"fp8_dtype: expected torch.float8_e4m3fn or torch.float8_e5m2, got {fp8_dtype!r}"
-        )
-    if isinstance(out, torch.Tensor) and out.dtype != fp8_dtype:
-        raise TypeError(f"out: dtype must be {fp8_dtype} (fp8_dtype), got {out.dtype}")
+    fp8.check_fp8_dtype(fp8_dtype)
+    fp8.check_out_dtype(out, fp8_dtype)
     return fp8_dtype
 
 

@@ -15,6 +15,8 @@ row is ``max(absmax(y of the row) / fp8_max, 2^-126)``.
 
 import torch
 
+from sgljit import fp8
+
 __all__ = [
     "FP8_DTYPES",
     "MIN_SCALE",
@@ -31,7 +33,7 @@ __all__ = [
     "token_scales",
 ]
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_DTYPES = fp8.FP8_DTYPES
 MIN_SCALE = 2.0**-126  # the smallest normal float32: the least dynamic scale
 
 
@@ -107,7 +109,7 @@ def qknorm_across_heads_(
 
 def quantize_fp8(y: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     """``(y / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` in float32; ``scale`` broadcasts."""
-    m = float(torch.finfo(fp8_dtype).max)
+    m = fp8.fp8_max(fp8_dtype)
     return (y.float() / scale.float()).clamp(-m, m).to(fp8_dtype)
 
 
@@ -117,7 +119,7 @@ def token_scales(y: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
         return torch.full((y.shape[0], 1), MIN_SCALE, dtype=torch.float32, device=y.device)
     amax = y.float().abs().amax(-1, keepdim=True)
     # a tensor divisor: torch divides (a Python float would make CUDA multiply by its reciprocal)
-    fp8_max = torch.full_like(amax, float(torch.finfo(fp8_dtype).max))
+    fp8_max = torch.full_like(amax, fp8.fp8_max(fp8_dtype))
     return (amax / fp8_max).clamp_min(MIN_SCALE)
 
 

@@ -10,6 +10,8 @@ rounded up to a power of two (ue8m0), with the same NaN and inf behaviour as tor
 
 import torch
 
+from sgljit import fp8
+
 __all__ = [
     "FP8_DTYPES",
     "MIN_SCALE",
@@ -29,13 +31,11 @@ __all__ = [
     "quantize_into",
 ]
 
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_DTYPES = fp8.FP8_DTYPES
 MIN_SCALE = 2.0**-126  # the smallest normal fp32 number
 
 
-def fp8_max(fp8_dtype: torch.dtype) -> float:
-    """448.0 for float8_e4m3fn, 57344.0 for float8_e5m2."""
-    return float(torch.finfo(fp8_dtype).max)
+fp8_max = fp8.fp8_max
 
 
 def _div(num: torch.Tensor, den: float) -> torch.Tensor:
@@ -111,13 +111,7 @@ def per_token_group_scales(
     return pow2_ceil(s) if scale_ue8m0 else s
 
 
-def pow2_ceil(s: torch.Tensor) -> torch.Tensor:
-    """``2^ceil(log2(s))`` for finite positive normal fp32 ``s``, exactly (a power of two stays;
-    above 2^127 gives inf); inf and NaN unchanged."""
-    bits = s.view(torch.int32)
-    up = (bits | 0x7FFFFF) + 1
-    round_up = ((bits & 0x7FFFFF) != 0) & s.isfinite()
-    return torch.where(round_up, up, bits).view(torch.float32)
+pow2_ceil = fp8.pow2_ceil
 
 
 def per_tensor_scale(x: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:

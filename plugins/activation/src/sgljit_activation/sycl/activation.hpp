@@ -36,22 +36,22 @@ inline void act_rows(const T* in, T* out, int64_t rows, int64_t hidden, int64_t 
 }  // namespace sgljit_activation
 
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-void silu_and_mul(const sgljit_activation::T* in, sgljit_activation::T* out, int64_t rows, int64_t hidden,
-                  int64_t in_stride, int64_t out_stride) {
+void silu_and_mul(const sgljit_activation::T* in, int64_t in_stride, sgljit_activation::T* out, int64_t out_stride,
+                  int64_t rows, int64_t hidden) {
   using namespace sgljit_activation;
   act_rows<Act::kSilu>(in, out, rows, hidden, in_stride, out_stride);
 }
 
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-void gelu_and_mul(const sgljit_activation::T* in, sgljit_activation::T* out, int64_t rows, int64_t hidden,
-                  int64_t in_stride, int64_t out_stride) {
+void gelu_and_mul(const sgljit_activation::T* in, int64_t in_stride, sgljit_activation::T* out, int64_t out_stride,
+                  int64_t rows, int64_t hidden) {
   using namespace sgljit_activation;
   act_rows<Act::kGelu>(in, out, rows, hidden, in_stride, out_stride);
 }
 
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-void gelu_tanh_and_mul(const sgljit_activation::T* in, sgljit_activation::T* out, int64_t rows, int64_t hidden,
-                       int64_t in_stride, int64_t out_stride) {
+void gelu_tanh_and_mul(const sgljit_activation::T* in, int64_t in_stride, sgljit_activation::T* out, int64_t out_stride,
+                       int64_t rows, int64_t hidden) {
   using namespace sgljit_activation;
   act_rows<Act::kGeluTanh>(in, out, rows, hidden, in_stride, out_stride);
 }

@@ -32,9 +32,11 @@ inline float ue8m0_ceil(float s) {
 
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void silu_and_mul_quant_fp8(const sgljit_activation::T* in, int64_t in_stride, uint8_t* out, int64_t out_stride,
-                            float* scales, int64_t scale_stride_t, int64_t scale_stride_g, int64_t hidden,
-                            int64_t groups_per_row, int64_t group_size, float eps, int32_t ue8m0) {
+                            float* scales, int64_t scale_stride_t, int64_t scale_stride_g, int64_t group_size,
+                            float eps, int32_t ue8m0, int64_t rows, int64_t hidden) {
   using namespace sgljit_activation;
+  const int64_t groups_per_row = hidden / group_size;  // (rows: one work-group a group covers them)
+  static_cast<void>(rows);
   const auto it = syclext::this_work_item::get_nd_item<1>();
   const int64_t group = it.get_group(0);
   const int64_t row = group / groups_per_row, col = group - row * groups_per_row;

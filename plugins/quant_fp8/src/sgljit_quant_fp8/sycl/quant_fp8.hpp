@@ -44,8 +44,11 @@ inline uint32_t group_max(uint32_t v) {
 
 // out[i] = quantize(in[i] / scale[0]), grid-stride.
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
-void quant_fp8_static(const sgljit_quant_fp8::T* in, const float* scale, uint8_t* out, int64_t n) {
+void quant_fp8_static(const sgljit_quant_fp8::T* in, const float* scale, int64_t scale_stride, uint8_t* out,
+                      int64_t rows, int64_t hidden) {
   using namespace sgljit_quant_fp8;
+  static_cast<void>(scale_stride);  // one element
+  const int64_t n = rows * hidden;
   auto it = syclext::this_work_item::get_nd_item<1>();
   const float s = scale[0];
   for (int64_t i = it.get_global_id(0); i < n; i += it.get_global_range(0)) {
@@ -91,8 +94,9 @@ void quant_fp8_dynamic(const sgljit_quant_fp8::T* in, uint8_t* out, float* scale
 // One work-group per row of in [rows, hidden] (row strides in elements): scales[row] and the row.
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void quant_fp8_per_token(const sgljit_quant_fp8::T* in, int64_t in_stride, uint8_t* out, int64_t out_stride,
-                         float* scales, int64_t hidden) {
+                         float* scales, int64_t rows, int64_t hidden) {
   using namespace sgljit_quant_fp8;
+  static_cast<void>(rows);  // one work-group a row covers them
   auto it = syclext::this_work_item::get_nd_item<1>();
   const int64_t row = it.get_group(0);
   const T* x = in + row * in_stride;
@@ -114,9 +118,11 @@ void quant_fp8_per_token(const sgljit_quant_fp8::T* in, int64_t in_stride, uint8
 // quantized with it.
 extern "C" SYCL_EXT_ONEAPI_FUNCTION_PROPERTY((syclexp::nd_range_kernel<1>))
 void quant_fp8_per_token_group(const sgljit_quant_fp8::T* in, int64_t in_stride, uint8_t* out, int64_t out_stride,
-                               float* scales, int64_t scale_stride_t, int64_t scale_stride_g,
-                               int64_t groups_per_row, int64_t group_size, float eps, int32_t ue8m0) {
+                               float* scales, int64_t scale_stride_t, int64_t scale_stride_g, int64_t group_size,
+                               float eps, int32_t ue8m0, int64_t rows, int64_t hidden) {
   using namespace sgljit_quant_fp8;
+  static_cast<void>(rows);  // one work-group a group covers them
+  const int64_t groups_per_row = hidden / group_size;
   auto it = syclext::this_work_item::get_nd_item<1>();
   const int64_t group = it.get_group(0);
   const int64_t row = group / groups_per_row, col = group - row * groups_per_row;
