@@ -277,14 +277,14 @@ _per_token = family.op(
 # Per-token-group: on CUDA its own module per (input dtype, fp8 dtype, group size) (csrc/group.cuh);
 # on SYCL a kernel of the shared module, the group size an argument.
 
-GROUP_SIZES = (32, 64, 128)
+GROUP_SIZES = (16, 32, 64, 128, 256)
 _MIN_EPS = 2.0**-126  # eps: a positive normal fp32 value (so the scale is never 0 or subnormal)
 _MAX_EPS = float(torch.finfo(torch.float32).max)
 
 
 def _check_group_size(group_size: int) -> None:
     if group_size not in GROUP_SIZES:
-        raise ValueError(f"group_size: expected one of 32, 64, 128, got {group_size}")
+        raise ValueError(f"group_size: expected one of 16, 32, 64, 128, 256, got {group_size}")
 
 
 def _check_groups(input, scales, group_size) -> None:
@@ -392,7 +392,7 @@ _per_token_group = family.op(
         "scale_ue8m0": Scalar(bool),
     },
     reference=_group_reference,
-    doc="""Per group of ``group_size`` (32, 64 or 128, dividing H) consecutive elements of a row of
+    doc="""Per group of ``group_size`` (16 to 256, a power of two dividing H) consecutive elements of a row of
     ``input`` ``[T, H]``: ``scales[t, g] = max(absmax(group) / fp8_max, eps)`` (fp32; with
     ``scale_ue8m0`` rounded up to a power of two), ``out`` = the group quantized with it. ``scales``
     fp32 ``[T, H / group_size]`` in any layout whose elements are distinct (row- or column-major).
@@ -543,8 +543,8 @@ def per_token_group_quant_fp8(
     scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``input`` ``[T, H]`` (fp16/bf16/fp32; rows may be strided, the last dimension
-    contiguous) to ``fp8_dtype`` with one dynamic fp32 scale per group of ``group_size`` (32, 64 or
-    128, dividing H) consecutive elements of a row.
+    contiguous) to ``fp8_dtype`` with one dynamic fp32 scale per group of ``group_size`` (16, 32,
+    64, 128 or 256, dividing H) consecutive elements of a row.
 
     ``scale = max(absmax(group) / fp8_max, eps)`` (true fp32 division, eps rounded to fp32; eps a
     positive normal fp32 value); with ``scale_ue8m0`` rounded up to a power of two,
@@ -564,8 +564,7 @@ def per_token_group_quant_fp8(
     groups: sglang ``eps / fp8_max``, here ``eps``); its absmax skips NaNs (here NaN propagates);
     with ue8m0 it rounds through ``exp2f(ceilf(log2f(s)))`` and writes packed uint8 exponents
     (int32 words, for Blackwell GEMMs), where this writes the fp32 power of two; it needs a
-    contiguous input and also has int8 output, group sizes 16 and fused SiLU-and-mul, which this
-    has not.
+    contiguous input. int8 output and the MoE layouts: :mod:`sgljit_quant_fp8.moe`.
     """
     _check_fp8_dtype(fp8_dtype)
     if not isinstance(input, torch.Tensor) or input.dim() != 2:
