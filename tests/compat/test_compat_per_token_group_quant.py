@@ -168,7 +168,9 @@ def test_fuse_silu_and_mul(backend, mode):
     dev = _dev(backend)
     x = _data((5, 2 * 256), torch.bfloat16, dev, seed=6)
     with _ctx(backend):
-        q, s = per_token_group_quant(x, group_size=64, fuse_silu_and_mul=True, silu_and_mul_mode=mode)
+        q, s = per_token_group_quant(
+            x, group_size=64, fuse_silu_and_mul=True, silu_and_mul_mode=mode
+        )
     gate, up = x.double().cpu().chunk(2, dim=-1)
     silu = gate / (1 + torch.exp(-gate))
     if mode == "dense":
@@ -190,17 +192,17 @@ def test_bad_arguments_are_named(backend):
     x = _data((4, 256), torch.bfloat16, dev)
     q = torch.empty(4, 256, dtype=E4M3, device=dev)
     with _ctx(backend):
-        with pytest.raises(ValueError, match="^output_s: int32-packed scales"):
+        with pytest.raises(ValueError, match=r"^output_s: int32-packed scales"):
             per_token_group_quant(x, q, torch.zeros(4, 1, dtype=torch.int32, device=dev))
-        with pytest.raises(ValueError, match="^output_s: given without output_q"):
+        with pytest.raises(ValueError, match=r"^output_s: given without output_q"):
             per_token_group_quant(x, None, torch.zeros(4, 2, device=dev))
-        with pytest.raises(ValueError, match="^silu_and_mul_mode"):
+        with pytest.raises(ValueError, match=r"^silu_and_mul_mode"):
             per_token_group_quant(x, silu_and_mul_mode="fast")
-        with pytest.raises(ValueError, match="^group_size: expected one of"):
+        with pytest.raises(ValueError, match=r"^group_size: expected one of"):
             per_token_group_quant(x, group_size=24)
-        with pytest.raises(ValueError, match="^scale_ue8m0: int8 output"):
+        with pytest.raises(ValueError, match=r"^scale_ue8m0: int8 output"):
             per_token_group_quant(x, group_size=128, out_dtype=INT8, scale_ue8m0=True)
-        with pytest.raises(ValueError, match="^output_s: packed UE8M0 scales need 1"):
+        with pytest.raises(ValueError, match=r"^output_s: packed UE8M0 scales need 1"):
             per_token_group_quant(
                 x, q, torch.zeros(4, 2, dtype=torch.int32, device=dev), scale_ue8m0=True
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 import pytest
 import torch
@@ -183,26 +184,40 @@ def test_bad_inputs_name_the_argument_before_any_write(backend):
             },
         ),
         ("scales: dimension 2 expected 2", {"scales": torch.full((3, 8, 4), -7.0, device=dev)}),
-        ("scale_ue8m0: int8 output", {"out": _poison_like((3, 8, 256), INT8, dev), "scale_ue8m0": True}),
+        (
+            "scale_ue8m0: int8 output",
+            {"out": _poison_like((3, 8, 256), INT8, dev), "scale_ue8m0": True},
+        ),
     ]
     if dev == "cpu":  # the counts are data: checked where reading them is free
-        cases.append(("masked_m: expected counts in [0, 8]", {"masked_m": torch.tensor([9, 0, 0], dtype=torch.int32)}))
+        cases.append(
+            (
+                "masked_m: expected counts in [0, 8]",
+                {"masked_m": torch.tensor([9, 0, 0], dtype=torch.int32)},
+            )
+        )
     for message, change in cases:
         a = _masked_args(dev, **change)
-        with _ctx(backend), pytest.raises((ValueError, TypeError), match="^" + message.replace("[", r"\[").replace("]", r"\]")):
+        with (
+            _ctx(backend),
+            pytest.raises(
+                (ValueError, TypeError),
+                match="^" + re.escape(message),
+            ),
+        ):
             op(**a)
         assert (_bytes(a["out"]) == 0x7E).all(), message
         assert (a["scales"].cpu() == -7.0).all(), message
     # sorted: ids must cover every row
     x = _data((8, 256), torch.bfloat16, dev, 128)
     out = _poison_like((8, 256), E4M3, dev)
-    with _ctx(backend), pytest.raises(ValueError, match="^sorted_token_ids: expected at least 8"):
+    with _ctx(backend), pytest.raises(ValueError, match=r"^sorted_token_ids: expected at least 8"):
         moe.per_token_group_quant_sorted(
             x, torch.zeros(7, dtype=torch.int32, device=dev),
             torch.tensor([8], dtype=torch.int32, device=dev), 8, 128, out=out,
         )  # fmt: skip
     assert (_bytes(out) == 0x7E).all()
-    with _ctx(backend), pytest.raises(ValueError, match="^group_size: expected one of"):
+    with _ctx(backend), pytest.raises(ValueError, match=r"^group_size: expected one of"):
         moe.per_token_group_quant_int8(x, 96)
 
 
@@ -249,7 +264,9 @@ def _has_nvcc() -> bool:
     return find_nvcc() is not None
 
 
-@pytest.mark.skipif(HAS_CUDA or not _has_nvcc(), reason="nvcc not found (or a GPU runs the kernels)")
+@pytest.mark.skipif(
+    HAS_CUDA or not _has_nvcc(), reason="nvcc not found (or a GPU runs the kernels)"
+)
 def test_cuda_layouts_compile_for_sm90a_and_sm100a(tmp_path, monkeypatch):
     """The layouts module (masked, sorted, int8 entry points) for fp8 and int8 codes, both archs."""
     from concurrent.futures import ThreadPoolExecutor

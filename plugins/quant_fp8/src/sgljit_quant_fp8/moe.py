@@ -201,9 +201,11 @@ def _masked_reference(
     )
 
 
+# in: ptr, expert and token strides; out: the same; scales: ptr, 3 strides; masked_m, its int64
+# flag; T_pad, groups a row, group size, eps, ue8m0
 _MASKED_ARGS = (
-    ("ptr", "i64", "i64", "ptr", "i64", "i64", "ptr", "i64", "i64", "i64")
-    + ("ptr", "i32", "i64", "i64", "i64", "f32", "i32")
+    "ptr", "i64", "i64", "ptr", "i64", "i64", "ptr", "i64", "i64", "i64",
+    "ptr", "i32", "i64", "i64", "i64", "f32", "i32",
 )  # fmt: skip
 
 
@@ -274,9 +276,7 @@ _per_token_group_masked = family.op(
         "scales": Tensor(
             "num_experts", "tokens_pad", "groups", dtype=_FP32, layout="strided", io="inout"
         ),
-        "masked_m": Tensor(
-            "num_experts", dtype=(torch.int32, torch.int64), layout="contiguous"
-        ),
+        "masked_m": Tensor("num_experts", dtype=(torch.int32, torch.int64), layout="contiguous"),
         "group_size": _GROUP_SIZE,
         "eps": _EPS,
         "scale_ue8m0": Scalar(bool),
@@ -331,9 +331,11 @@ def _sorted_reference(
     )  # fmt: skip
 
 
+# in, out (ptr, row stride), scales (ptr, 2 strides), ids, post, num_valid; groups a row, group
+# size, eps, ue8m0
 _SORTED_ARGS = (
-    ("ptr", "i64", "ptr", "i64", "ptr", "i64", "i64", "ptr", "ptr", "i64")
-    + ("i64", "i64", "f32", "i32")
+    "ptr", "i64", "ptr", "i64", "ptr", "i64", "i64", "ptr", "ptr", "i64",
+    "i64", "i64", "f32", "i32",
 )  # fmt: skip
 
 
@@ -464,7 +466,9 @@ def _outputs(input, out, scales, out_dtype, group_size, column_major_scales, dim
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
         want = "[E, T_pad, H]" if dims == 3 else "[T, H]"
-        raise ValueError(f"input: expected a {dims}-D tensor {want}, got shape {tuple(input.shape)}")
+        raise ValueError(
+            f"input: expected a {dims}-D tensor {want}, got shape {tuple(input.shape)}"
+        )
     if out is None:
         out = torch.empty_like(input, dtype=out_dtype, memory_format=torch.contiguous_format)
     elif isinstance(out, torch.Tensor) and out.dtype != out_dtype:

@@ -43,7 +43,7 @@ import torch
 
 import sgljit
 
-__all__ = ["per_token_group_quant", "pack_ue8m0"]
+__all__ = ["pack_ue8m0", "per_token_group_quant"]
 
 _OUT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
 
@@ -140,7 +140,9 @@ def per_token_group_quant(
             f"silu_and_mul_mode: expected 'legacy' or 'dense', got {silu_and_mul_mode!r}"
         )
     if masked_m is not None and sorted_token_ids is not None:
-        raise ValueError("sorted_token_ids: the masked (masked_m) and sorted layouts exclude each other")
+        raise ValueError(
+            "sorted_token_ids: the masked (masked_m) and sorted layouts exclude each other"
+        )
     if sorted_token_ids is not None and num_tokens_post_padded is None:
         raise ValueError("num_tokens_post_padded: required with sorted_token_ids")
     if not isinstance(input, torch.Tensor):
@@ -148,7 +150,9 @@ def per_token_group_quant(
     dims = 3 if masked_m is not None else 2
     if input.dim() != dims:
         want = "[E, T_pad, H]" if dims == 3 else "[T, H]"
-        raise ValueError(f"input: expected a {dims}-D tensor {want}, got shape {tuple(input.shape)}")
+        raise ValueError(
+            f"input: expected a {dims}-D tensor {want}, got shape {tuple(input.shape)}"
+        )
     hidden = input.shape[-1] // (2 if fuse_silu_and_mul else 1)
     if output_q is None:
         if output_s is not None:
@@ -173,7 +177,9 @@ def per_token_group_quant(
         )
     packed = output_s.dtype == torch.int32
     if packed and not scale_ue8m0:
-        raise ValueError("output_s: int32-packed scales hold UE8M0 exponents; pass scale_ue8m0=True")
+        raise ValueError(
+            "output_s: int32-packed scales hold UE8M0 exponents; pass scale_ue8m0=True"
+        )
     if scale_ue8m0 and output_q.dtype == torch.int8:
         raise ValueError("scale_ue8m0: int8 output takes float32 scales (absmax / 127), not ue8m0")
     column_major = output_s.dim() >= 2 and output_s.stride(-2) < output_s.stride(-1)
