@@ -426,3 +426,14 @@ def load_per_token_group_quant_moe(layout: str, group_size: int = 128) -> Fn:
         i["x"], i["out"], i["scales"], group_size, sorted_token_ids=i["ids"],
         num_tokens_post_padded=i["post"], num_valid_tokens=i["valid"],
     )  # fmt: skip
+
+
+def load_silu_and_mul_sorted(block: int) -> Fn:
+    """``silu_and_mul(x, out, expert_ids, block, sorted_token_ids=, num_tokens_post_padded=,
+    num_valid_tokens=)`` (sglang 0.5.23's ``sglang.kernels.ops.activation.activation``): padding
+    rows and blocks of expert -1 skipped."""
+    f = _kernels_module("ops.activation.activation").silu_and_mul
+    return lambda i: f(
+        i["x"], i["out"], i["expert_ids"], block, sorted_token_ids=i["ids"],
+        num_tokens_post_padded=i["post"], num_valid_tokens=i["valid"],
+    )  # fmt: skip

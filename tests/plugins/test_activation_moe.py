@@ -13,7 +13,7 @@ import sgljit
 from sgljit_activation import moe
 from sgljit_quant_fp8.moe import sorted_ids
 
-from .common import BACKENDS, needs_gpu
+from .common import BACKENDS, HAS_CUDA, needs_gpu
 
 
 def _dev(backend):
@@ -99,3 +99,21 @@ def test_cuda_large_filtered():
     keep = expert_ids[torch.arange(rows, device="cuda") // 64] != -1
     want = sgljit.ops.silu_and_mul(x)
     assert torch.equal(out[keep], want[keep]) and not out[~keep].any()
+
+
+def _has_nvcc() -> bool:
+    from sgljit.toolchain import find_nvcc
+
+    return find_nvcc() is not None
+
+
+@pytest.mark.skipif(HAS_CUDA or not _has_nvcc(), reason="nvcc not found (or a GPU runs it)")
+def test_cuda_filtered_module_compiles_for_sm90a_and_sm100a(tmp_path, monkeypatch):
+    import os
+
+    from sgljit_activation import ops
+
+    monkeypatch.setenv("SGLJIT_CUDA_ARCH", os.environ.get("SGLJIT_CUDA_ARCH", "9.0a 10.0a"))
+    monkeypatch.setenv("SGLJIT_CACHE_DIR", str(tmp_path))
+    module = ops.family.prebuild("cuda", "gated_act_filtered", dtype=torch.bfloat16)
+    assert callable(module.gated_act_filtered)
