@@ -59,7 +59,14 @@ KNOWN_OPS = {
     ),
     **dict.fromkeys(("apply_rope", "apply_rope_with_kv_cache", "qknorm_rope"), "sgljit-rope"),
     **dict.fromkeys(
-        ("per_tensor_quant_fp8", "per_token_quant_fp8", "per_token_group_quant_fp8"),
+        (
+            "per_tensor_quant_fp8",
+            "per_token_quant_fp8",
+            "per_token_group_quant_fp8",
+            "per_token_group_quant_int8",
+            "per_token_group_quant_masked",
+            "per_token_group_quant_sorted",
+        ),
         "sgljit-quant-fp8",
     ),
     "timestep_embedding": "sgljit-timestep-embedding",
@@ -69,6 +76,7 @@ KNOWN_OPS = {
             "gelu_and_mul",
             "gelu_tanh_and_mul",
             "silu_and_mul_per_token_group_quant_fp8",
+            "gated_act_filtered",
         ),
         "sgljit-activation",
     ),
