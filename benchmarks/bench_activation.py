@@ -4,7 +4,7 @@ per-token-group fp8 quantization (bf16 input [T, 2d], gate then up).
     python3 benchmarks/bench_activation.py                  # on a CUDA GPU; writes activation.md
     python3 benchmarks/bench_activation.py --grid models    # the MLP widths of real models
     python3 benchmarks/bench_activation.py --dry-run        # wiring check on the CPU
-    python3 benchmarks/bench_activation.py --grid models --ops silu_and_mul_sorted  # MoE sorted rows
+    python3 benchmarks/bench_activation.py --ops silu_and_mul_sorted  # MoE sorted rows
 
 Providers: sgljit; torch eager and torch.compile of the same formula (``act(gate.float()) *
 up.float()``, rounded once); Liger's SwiGLU (``LigerSiLUMulFunction``) and GEGLU
@@ -203,7 +203,7 @@ def quant_op(ds, tokens) -> Op:
     )
 
 
-# silu_and_mul over the sorted MoE layout (--grid models; --ops silu_and_mul_sorted): the first
+# silu_and_mul over the sorted MoE layout (--ops silu_and_mul_sorted; all series on --grid models): the first
 # GEMM's output [M, 2I] in moe_align_block_size's order (top-8, block 64), rows of padding and of
 # experts -1 skipped. DeepSeek-V3 (256 experts, I 2048), Qwen3-MoE (128 experts, I 768 / 1536).
 SORTED_SERIES = (
@@ -252,8 +252,12 @@ def load_sgljit_sorted():
     )  # fmt: skip
 
 
-def sorted_op() -> Op:
-    cases = [sorted_case(m, e, d, t) for m, e, d in SORTED_SERIES for t in SORTED_TOKENS]
+def sorted_op(grid: str) -> Op:
+    """Every series on the models (and decode) grid, DeepSeek-V3's and Qwen3-30B-A3B's on the
+    default grid, DeepSeek-V3's alone on quick."""
+    keep = {"default": 2, "quick": 1}.get(grid)
+    series = SORTED_SERIES[:keep] if keep else SORTED_SERIES
+    cases = [sorted_case(m, e, d, t) for m, e, d in series for t in SORTED_TOKENS]
     return Op(
         "silu_and_mul_sorted",
         cases,
@@ -266,11 +270,15 @@ def sorted_op() -> Op:
 
 def ops(grid: str = "default") -> list[Op]:
     if grid == "default":
-        return [*act_ops((14336,), TOKENS, moe=(768, 2048)), quant_op(QUANT_DS, TOKENS)]
+        return [
+            *act_ops((14336,), TOKENS, moe=(768, 2048)),
+            quant_op(QUANT_DS, TOKENS),
+            sorted_op(grid),
+        ]
     if grid == "quick":
-        return [*act_ops(QUICK_DS, QUICK_TOKENS), quant_op(QUANT_DS, QUICK_TOKENS)]
+        return [*act_ops(QUICK_DS, QUICK_TOKENS), quant_op(QUANT_DS, QUICK_TOKENS), sorted_op(grid)]
     tokens = model_tokens(grid)
-    return [*act_ops(MODEL_DS, tokens), quant_op(MODEL_DS, tokens), sorted_op()]
+    return [*act_ops(MODEL_DS, tokens), quant_op(MODEL_DS, tokens), sorted_op(grid)]
 
 
 if __name__ == "__main__":

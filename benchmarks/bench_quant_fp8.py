@@ -4,8 +4,8 @@ float8_e4m3fn).
     python3 benchmarks/bench_quant_fp8.py                  # on a CUDA GPU; writes quant_fp8.md
     python3 benchmarks/bench_quant_fp8.py --grid models    # real models' widths: quant_fp8-models.md
     python3 benchmarks/bench_quant_fp8.py --dry-run        # wiring check on the CPU
-    python3 benchmarks/bench_quant_fp8.py --grid models --ops per_token_group_masked,per_token_group_sorted
-                                                           # the MoE layouts (see MASKED_SERIES)
+    python3 benchmarks/bench_quant_fp8.py --ops per_token_group_masked,per_token_group_sorted
+                                                           # the MoE layouts (see moe_ops)
 
 Providers: sgljit, torch eager and torch.compile of the same PyTorch formula
 (``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, scale ``max(absmax / 448, 2^-126)``),
@@ -187,8 +187,8 @@ def load_per_token_group():
 
 
 # ------------------------------------------------------------------------------------------------
-# Per-token-group over the MoE layouts (--grid models; --ops per_token_group_masked,
-# per_token_group_sorted): fp8 e4m3, group 128, at expert-GEMM input widths.
+# Per-token-group over the MoE layouts (--ops per_token_group_masked,per_token_group_sorted; every
+# series on --grid models, see moe_ops): fp8 e4m3, group 128, at expert-GEMM input widths.
 # Masked (DeepEP low-latency: [E local, T_pad, H], masked_m around expected_m, scales column-major as
 # DeepGEMM's masked grouped GEMM reads them): DeepSeek-V3 (256 experts over EP 32 or 8: 8 or 32 local;
 # H 7168 into gate/up, 2048 into down) and Qwen3-MoE (128 experts, one GPU: H 2048 / 4096 into
@@ -299,10 +299,15 @@ def load_sorted():
     )  # fmt: skip
 
 
-def moe_ops() -> list[Op]:
-    masked = [make_masked_case(m, e, h, x) for m, e, h in MASKED_SERIES for x in MASKED_EXPECTED]
+def moe_ops(grid: str) -> list[Op]:
+    """The MoE layouts' ops: every series on the models (and decode) grid, DeepSeek-V3 (E=32,
+    H=7168 / I=2048) and Qwen3-30B-A3B's first on the default grid, DeepSeek-V3's alone on quick."""
+    keep = {"default": 2, "quick": 1}.get(grid)
+    masked_series = [MASKED_SERIES[1], MASKED_SERIES[3]][:keep] if keep else MASKED_SERIES
+    sorted_series = SORTED_SERIES[:keep] if keep else SORTED_SERIES
+    masked = [make_masked_case(m, e, h, x) for m, e, h in masked_series for x in MASKED_EXPECTED]
     sorted_cases = [
-        make_sorted_case(m, e, h, t) for m, e, h in SORTED_SERIES for t in SORTED_TOKENS
+        make_sorted_case(m, e, h, t) for m, e, h in sorted_series for t in SORTED_TOKENS
     ]
     return [
         Op(
@@ -386,7 +391,7 @@ def ops(grid: str = "default") -> list[Op]:
             group_providers(),
             floor=quant_floor,
         ),
-        *(moe_ops() if grid == "models" else []),
+        *moe_ops(grid),
     ]
 
 
