@@ -4,6 +4,7 @@ per-token-group fp8 quantization (bf16 input [T, 2d], gate then up).
     python3 benchmarks/bench_activation.py                  # on a CUDA GPU; writes activation.md
     python3 benchmarks/bench_activation.py --grid models    # the MLP widths of real models
     python3 benchmarks/bench_activation.py --dry-run        # wiring check on the CPU
+    python3 benchmarks/bench_activation.py --ops silu_and_mul_sorted  # MoE sorted rows
 
 Providers: sgljit; torch eager and torch.compile of the same formula (``act(gate.float()) *
 up.float()``, rounded once); Liger's SwiGLU (``LigerSiLUMulFunction``) and GEGLU
@@ -204,13 +205,82 @@ def quant_op(ds, tokens) -> Op:
     )
 
 
+# silu_and_mul over the sorted MoE layout (--ops silu_and_mul_sorted; all series on --grid models): the first
+# GEMM's output [M, 2I] in moe_align_block_size's order (top-8, block 64), rows of padding and of
+# experts -1 skipped. DeepSeek-V3 (256 experts, I 2048), Qwen3-MoE (128 experts, I 768 / 1536).
+SORTED_SERIES = (
+    ("DeepSeek-V3", 256, 2048),
+    ("Qwen3-30B-A3B", 128, 768),
+    ("Qwen3-235B-A22B", 128, 1536),
+)
+SORTED_TOKENS = (16, 512, 8192)
+SORTED_TOP_K, SORTED_BLOCK = 8, 64
+
+
+def sorted_case(model: str, experts: int, d: int, tokens: int) -> Case:
+    from sgljit_quant_fp8.moe import sorted_ids
+
+    g = torch.Generator().manual_seed(experts * 7 + tokens)
+    ids, post, valid = sorted_ids(tokens, SORTED_TOP_K, experts, SORTED_BLOCK, g)
+    rows = ids.numel()
+    live = int(((torch.arange(rows) < int(post)) & (ids < valid)).sum())
+
+    def make_inputs(device):
+        return {
+            "x": torch.randn(rows, 2 * d, dtype=BF16, device=device),
+            "out": torch.empty(rows, d, dtype=BF16, device=device),
+            "expert_ids": torch.zeros(rows // SORTED_BLOCK, dtype=torch.int32, device=device),
+            "ids": ids.to(device),
+            "post": post.to(device),
+            "valid": valid,
+        }
+
+    return Case(
+        label=f"T={tokens}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=live * d * 3 * 2,  # the kept rows: both halves read, out written (bf16)
+        series=f"{model} E={experts} top{SORTED_TOP_K} block {SORTED_BLOCK} d={d}",
+    )
+
+
+def load_sgljit_sorted():
+    from sgljit_activation.moe import gated_act_filtered
+
+    return lambda i: gated_act_filtered(
+        i["x"], "silu", expert_ids=i["expert_ids"], expert_step=SORTED_BLOCK,
+        sorted_token_ids=i["ids"], num_tokens_post_padded=i["post"], num_valid_tokens=i["valid"],
+        out=i["out"],
+    )  # fmt: skip
+
+
+def sorted_op(grid: str) -> Op:
+    """Every series on the models (and decode) grid, DeepSeek-V3's and Qwen3-30B-A3B's on the
+    default grid, DeepSeek-V3's alone on quick."""
+    keep = {"default": 2, "quick": 1}.get(grid)
+    series = SORTED_SERIES[:keep] if keep else SORTED_SERIES
+    cases = [sorted_case(m, e, d, t) for m, e, d in series for t in SORTED_TOKENS]
+    return Op(
+        "silu_and_mul_sorted",
+        cases,
+        [
+            *standard_providers(load_sgljit_sorted, torch_act("silu")),
+            sglang_jit.provider(lambda: sglang_jit.load_silu_and_mul_sorted(SORTED_BLOCK)),
+        ],
+    )
+
+
 def ops(grid: str = "default") -> list[Op]:
     if grid == "default":
-        return [*act_ops((14336,), TOKENS, moe=(768, 2048)), quant_op(QUANT_DS, TOKENS)]
+        return [
+            *act_ops((14336,), TOKENS, moe=(768, 2048)),
+            quant_op(QUANT_DS, TOKENS),
+            sorted_op(grid),
+        ]
     if grid == "quick":
-        return [*act_ops(QUICK_DS, QUICK_TOKENS), quant_op(QUANT_DS, QUICK_TOKENS)]
+        return [*act_ops(QUICK_DS, QUICK_TOKENS), quant_op(QUANT_DS, QUICK_TOKENS), sorted_op(grid)]
     tokens = model_tokens(grid)
-    return [*act_ops(MODEL_DS, tokens), quant_op(MODEL_DS, tokens)]
+    return [*act_ops(MODEL_DS, tokens), quant_op(MODEL_DS, tokens), sorted_op(grid)]
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ float8_e4m3fn).
     python3 benchmarks/bench_quant_fp8.py                  # on a CUDA GPU; writes quant_fp8.md
     python3 benchmarks/bench_quant_fp8.py --grid models    # real models' widths: quant_fp8-models.md
     python3 benchmarks/bench_quant_fp8.py --dry-run        # wiring check on the CPU
+    python3 benchmarks/bench_quant_fp8.py --ops per_token_group_masked,per_token_group_sorted
+                                                           # the MoE layouts (see moe_ops)
 
 Providers: sgljit, torch eager and torch.compile of the same PyTorch formula
 (``(x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)``, scale ``max(absmax / 448, 2^-126)``),
@@ -184,6 +186,149 @@ def load_per_token_group():
     return fn
 
 
+# ------------------------------------------------------------------------------------------------
+# Per-token-group over the MoE layouts (--ops per_token_group_masked,per_token_group_sorted; every
+# series on --grid models, see moe_ops): fp8 e4m3, group 128, at expert-GEMM input widths.
+# Masked (DeepEP low-latency: [E local, T_pad, H], masked_m around expected_m, scales column-major as
+# DeepGEMM's masked grouped GEMM reads them): DeepSeek-V3 (256 experts over EP 32 or 8: 8 or 32 local;
+# H 7168 into gate/up, 2048 into down) and Qwen3-MoE (128 experts, one GPU: H 2048 / 4096 into
+# gate/up, 768 / 1536 into down), T_pad 1024 (DeepEP's 128 tokens a rank over 8 ranks).
+MASKED_SERIES = (
+    ("DeepSeek-V3", 8, 7168), ("DeepSeek-V3", 32, 7168), ("DeepSeek-V3", 32, 2048),
+    ("Qwen3-30B-A3B", 128, 2048), ("Qwen3-30B-A3B", 128, 768),
+    ("Qwen3-235B-A22B", 128, 4096), ("Qwen3-235B-A22B", 128, 1536),
+)  # fmt: skip
+MASKED_PAD = 1024
+MASKED_EXPECTED = (4, 32, 256)  # tokens an expert gets: decode to prefill
+# Sorted (moe_align_block_size's layout, the down GEMM's input [M, I] after the activation; top-8,
+# block 64): DeepSeek-V3 (256 experts, I 2048), Qwen3-MoE (128 experts, I 768 / 1536).
+SORTED_SERIES = (
+    ("DeepSeek-V3", 256, 2048),
+    ("Qwen3-30B-A3B", 128, 768),
+    ("Qwen3-235B-A22B", 128, 1536),
+)
+SORTED_TOKENS = (16, 512, 8192)
+SORTED_TOP_K, SORTED_BLOCK = 8, 64
+
+
+def make_masked_case(model: str, experts: int, hidden: int, expected: int) -> Case:
+    groups = hidden // GROUP_SIZE
+    g = torch.Generator().manual_seed(experts * 100003 + hidden + expected)
+    low, high = max(0, expected // 2), min(MASKED_PAD, expected * 3 // 2)
+    counts = torch.randint(low, high + 1, (experts,), generator=g, dtype=torch.int32)
+    valid = int(counts.sum())
+
+    def make_inputs(device):
+        aligned = -(-MASKED_PAD // 4) * 4
+        scales = torch.empty(experts, groups, aligned, dtype=torch.float32, device=device)
+        return {
+            "x": torch.randn(experts, MASKED_PAD, hidden, dtype=torch.bfloat16, device=device),
+            "out": torch.empty(experts, MASKED_PAD, hidden, dtype=FP8, device=device),
+            "scales": scales.transpose(1, 2)[:, :MASKED_PAD],
+            "masked_m": counts.to(device),
+            "expected_m": expected,
+        }
+
+    return Case(
+        label=f"m~{expected}",
+        tokens=expected,
+        make_inputs=make_inputs,
+        bytes=valid * hidden * 3
+        + 4 * valid * groups,  # the valid rows: bf16 read, fp8 + scales written
+        series=f"{model} E={experts} T_pad={MASKED_PAD} H={hidden}",
+    )
+
+
+def make_sorted_case(model: str, experts: int, hidden: int, tokens: int) -> Case:
+    from sgljit_quant_fp8.moe import sorted_ids
+
+    groups = hidden // GROUP_SIZE
+    g = torch.Generator().manual_seed(experts * 7 + tokens)
+    ids, post, valid = sorted_ids(tokens, SORTED_TOP_K, experts, SORTED_BLOCK, g)
+    live = int(((torch.arange(ids.numel()) < int(post)) & (ids < valid)).sum())
+
+    def make_inputs(device):
+        rows = ids.numel()
+        return {
+            "x": torch.randn(rows, hidden, dtype=torch.bfloat16, device=device),
+            "out": torch.empty(rows, hidden, dtype=FP8, device=device),
+            "scales": torch.empty(rows, groups, dtype=torch.float32, device=device),
+            "ids": ids.to(device),
+            "post": post.to(device),
+            "valid": valid,
+        }
+
+    return Case(
+        label=f"T={tokens}",
+        tokens=tokens,
+        make_inputs=make_inputs,
+        bytes=live * hidden * 3 + 4 * live * groups,
+        series=f"{model} E={experts} top{SORTED_TOP_K} block {SORTED_BLOCK} I={hidden}",
+    )
+
+
+def torch_masked(i):
+    """Every row quantized (PyTorch has no row mask cheaper than the work), scales column-major."""
+    x = i["x"]
+    experts, pad, hidden = x.shape
+    out, scales = torch_per_token_group({"x": x.view(-1, hidden), "column_major": False})
+    return out.view(experts, pad, hidden), scales.view(experts, pad, -1).transpose(1, 2)
+
+
+def torch_sorted(i):
+    return torch_per_token_group({"x": i["x"], "column_major": False})
+
+
+def load_masked():
+    import sgljit
+
+    f = sgljit.ops.per_token_group_quant_masked
+    return lambda i: f(
+        i["x"], i["masked_m"], GROUP_SIZE, expected_m=i["expected_m"], eps=GROUP_EPS,
+        out=i["out"], scales=i["scales"],
+    )  # fmt: skip
+
+
+def load_sorted():
+    import sgljit
+
+    f = sgljit.ops.per_token_group_quant_sorted
+    return lambda i: f(
+        i["x"], i["ids"], i["post"], i["valid"], GROUP_SIZE, eps=GROUP_EPS, out=i["out"],
+        scales=i["scales"],
+    )  # fmt: skip
+
+
+def moe_ops(grid: str) -> list[Op]:
+    """The MoE layouts' ops: every series on the models (and decode) grid, DeepSeek-V3 (E=32,
+    H=7168 / I=2048) and Qwen3-30B-A3B's first on the default grid, DeepSeek-V3's alone on quick."""
+    keep = {"default": 2, "quick": 1}.get(grid)
+    masked_series = [MASKED_SERIES[1], MASKED_SERIES[3]][:keep] if keep else MASKED_SERIES
+    sorted_series = SORTED_SERIES[:keep] if keep else SORTED_SERIES
+    masked = [make_masked_case(m, e, h, x) for m, e, h in masked_series for x in MASKED_EXPECTED]
+    sorted_cases = [
+        make_sorted_case(m, e, h, t) for m, e, h in sorted_series for t in SORTED_TOKENS
+    ]
+    return [
+        Op(
+            "per_token_group_masked",
+            masked,
+            [
+                *standard_providers(load_masked, torch_masked),
+                sglang_jit.provider(lambda: sglang_jit.load_per_token_group_quant_moe("masked")),
+            ],
+        ),
+        Op(
+            "per_token_group_sorted",
+            sorted_cases,
+            [
+                *standard_providers(load_sorted, torch_sorted),
+                sglang_jit.provider(lambda: sglang_jit.load_per_token_group_quant_moe("sorted")),
+            ],
+        ),
+    ]
+
+
 def ops(grid: str = "default") -> list[Op]:
     if grid == "default":
         hiddens, tokens = (HIDDEN,), TOKENS
@@ -246,6 +391,7 @@ def ops(grid: str = "default") -> list[Op]:
             group_providers(),
             floor=quant_floor,
         ),
+        *moe_ops(grid),
     ]
 
 

@@ -541,3 +541,48 @@ def load_silu_and_mul_quant_fp8() -> Fn:
             i["x"], i["out"], i["scales"], 128, fuse_silu_and_mul=True, silu_and_mul_mode="dense"
         )
     return lambda i: f(i["x"], i["out"], i["scales"], 128)
+
+
+# ------------------------------------------------------------------------------------------------
+# per-token-group over the MoE layouts: sglang 0.5.23's ``per_token_group_quant`` (its
+# ``sglang.kernels`` tree; kept apart from the mappings above, which follow the fetched tree's
+# ``jit_kernel`` layout). Inputs of bench_quant_fp8.py's masked and sorted cases.
+
+
+def _kernels_module(name: str):
+    """``sglang.kernels.<name>`` (sglang 0.5.23's layout) from the fetched tree; raises with the
+    reason."""
+    if layout() != "kernels":
+        raise FileNotFoundError(
+            f"no sglang 0.5.23 kernels tree in {_shown(path())} (run {FETCH}, or set SGLANG_JIT_PATH)"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError("sglang's kernels are CUDA only and no CUDA GPU is visible")
+    return _import(f"sglang.kernels.{name}")
+
+
+def load_per_token_group_quant_moe(layout: str, group_size: int = 128) -> Fn:
+    """``per_token_group_quant(x, out, scales, group_size, masked_m=, expected_m=)`` (masked) or
+    ``(..., sorted_token_ids=, num_tokens_post_padded=, num_valid_tokens=)`` (sorted): fp8 e4m3,
+    fp32 scales in the layout of the ``scales`` buffer, eps 1e-10 (fixed there)."""
+    f = _kernels_module("ops.quantization.per_token_group_quant").per_token_group_quant
+    if layout == "masked":
+        return lambda i: f(
+            i["x"], i["out"], i["scales"], group_size, masked_m=i["masked_m"],
+            expected_m=i["expected_m"],
+        )  # fmt: skip
+    return lambda i: f(
+        i["x"], i["out"], i["scales"], group_size, sorted_token_ids=i["ids"],
+        num_tokens_post_padded=i["post"], num_valid_tokens=i["valid"],
+    )  # fmt: skip
+
+
+def load_silu_and_mul_sorted(block: int) -> Fn:
+    """``silu_and_mul(x, out, expert_ids, block, sorted_token_ids=, num_tokens_post_padded=,
+    num_valid_tokens=)`` (sglang 0.5.23's ``sglang.kernels.ops.activation.activation``): padding
+    rows and blocks of expert -1 skipped."""
+    f = _kernels_module("ops.activation.activation").silu_and_mul
+    return lambda i: f(
+        i["x"], i["out"], i["expert_ids"], block, sorted_token_ids=i["ids"],
+        num_tokens_post_padded=i["post"], num_valid_tokens=i["valid"],
+    )  # fmt: skip

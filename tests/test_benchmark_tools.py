@@ -525,6 +525,7 @@ DEFAULT_GRID_CASES = {
         "gelu_and_mul": 13,
         "gelu_tanh_and_mul": 13,
         "silu_and_mul_per_token_group_quant_fp8": 14,
+        "silu_and_mul_sorted": 6,
     },
     "rope": {"apply_rope": 16, "apply_rope_with_kv_cache": 11, "qknorm_rope": 21},
     "quant_fp8": {
@@ -533,6 +534,8 @@ DEFAULT_GRID_CASES = {
         "per_token": 9,
         "per_token_group": 12,
         "per_token_group_col_major": 12,
+        "per_token_group_masked": 6,
+        "per_token_group_sorted": 6,
     },
     "timestep_embedding": {"timestep_embedding": 18},
 }

@@ -72,7 +72,14 @@ KNOWN_OPS = {
         "sgljit-rope",
     ),
     **dict.fromkeys(
-        ("per_tensor_quant_fp8", "per_token_quant_fp8", "per_token_group_quant_fp8"),
+        (
+            "per_tensor_quant_fp8",
+            "per_token_quant_fp8",
+            "per_token_group_quant_fp8",
+            "per_token_group_quant_int8",
+            "per_token_group_quant_masked",
+            "per_token_group_quant_sorted",
+        ),
         "sgljit-quant-fp8",
     ),
     "timestep_embedding": "sgljit-timestep-embedding",
@@ -82,6 +89,7 @@ KNOWN_OPS = {
             "gelu_and_mul",
             "gelu_tanh_and_mul",
             "silu_and_mul_per_token_group_quant_fp8",
+            "gated_act_filtered",
         ),
         "sgljit-activation",
     ),

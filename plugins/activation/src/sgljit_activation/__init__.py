@@ -20,6 +20,8 @@ MANIFEST: Manifest = {
         "silu_and_mul_per_token_group_quant_fp8": (
             "sgljit_activation.ops:silu_and_mul_per_token_group_quant_fp8"
         ),
+        "gated_act_filtered": "sgljit_activation.moe:gated_act_filtered",
     },
-    "family": "sgljit_activation.ops:family",
+    # moe.py declares its ops on ops.py's family (importing it imports both)
+    "family": "sgljit_activation.moe:family",
 }

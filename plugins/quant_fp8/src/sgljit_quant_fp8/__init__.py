@@ -12,6 +12,10 @@ MANIFEST = {
         "per_tensor_quant_fp8": "sgljit_quant_fp8.ops:per_tensor_quant_fp8",
         "per_token_quant_fp8": "sgljit_quant_fp8.ops:per_token_quant_fp8",
         "per_token_group_quant_fp8": "sgljit_quant_fp8.ops:per_token_group_quant_fp8",
+        "per_token_group_quant_int8": "sgljit_quant_fp8.moe:per_token_group_quant_int8",
+        "per_token_group_quant_masked": "sgljit_quant_fp8.moe:per_token_group_quant_masked",
+        "per_token_group_quant_sorted": "sgljit_quant_fp8.moe:per_token_group_quant_sorted",
     },
-    "family": "sgljit_quant_fp8.ops:family",
+    # moe.py declares its ops on ops.py's family (importing it imports both)
+    "family": "sgljit_quant_fp8.moe:family",
 }

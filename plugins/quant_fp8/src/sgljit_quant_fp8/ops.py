@@ -24,7 +24,7 @@ __all__ = ["FP8_DTYPES", "GROUP_SIZES", "WORKSPACE_SIZE", "family", "per_tensor_
            "per_token_group_quant_fp8", "per_token_quant_fp8"]  # fmt: skip
 
 family = Family("quant_fp8", __file__)
-FP8_DTYPES, GROUP_SIZES = fp8.FP8_DTYPES, (32, 64, 128)
+FP8_DTYPES, GROUP_SIZES = fp8.FP8_DTYPES, (16, 32, 64, 128, 256)
 (_E4M3, _E5M2), _FP32 = FP8_DTYPES, (torch.float32,)
 _BF16, _FP16 = torch.bfloat16, torch.float16
 # Partial maxima of the dynamic per-tensor scale: one slot per block of the absmax pass (its grid is
@@ -316,8 +316,8 @@ def per_token_quant_fp8(
 per_token_group_quant_fp8 = fp8.group_quant_function(
     _per_token_group,
     """Quantize ``input`` ``[T, H]`` (fp16/bf16/fp32; rows may be strided, the last dimension
-    contiguous) to ``fp8_dtype`` with one dynamic fp32 scale per group of ``group_size`` (32, 64 or
-    128, dividing H) consecutive elements of a row: ``scale = max(absmax(group) / fp8_max, eps)``
+    contiguous) to ``fp8_dtype`` with one dynamic fp32 scale per group of ``group_size`` (16, 32,
+    64, 128 or 256, dividing H) consecutive elements of a row: ``scale = max(absmax(group) / fp8_max, eps)``
     (true fp32 division; eps a positive normal fp32 value), with ``scale_ue8m0`` rounded up to a
     power of two exactly; codes ``(x.float() / scale).clamp(-fp8_max, fp8_max).to(fp8_dtype)`` bit
     for bit (NaN and inf as torch computes them).
@@ -326,6 +326,7 @@ per_token_group_quant_fp8 = fp8.group_quant_function(
     ``column_major_scales``, column-major with 16-byte aligned columns (DeepSeek-style FP8 GEMMs'
     TMA loads); both may be given (``scales`` in that layout).
 
-    Differences from sglang's kernel: see the README.
+    Differences from sglang's kernel: see the README. int8 output and the MoE layouts:
+    :mod:`sgljit_quant_fp8.moe`.
     """,
 )

@@ -160,3 +160,100 @@ def per_token_group_quant_fp8(
     rows, hidden = x.shape
     groups = x.reshape(rows, hidden // group_size, group_size)
     return quantize(groups, scales.unsqueeze(-1), fp8_dtype).view(rows, hidden), scales
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-token-group over the MoE layouts and with int8 codes (sgljit_quant_fp8.moe).
+
+INT8_MAX = 127.0  # symmetric int8: codes in [-127, 127], scale absmax / 127
+
+
+def quantize_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(x.float() / scale).round().clamp(-127, 127)`` as int8 (round half to even; NaN gives 0)."""
+    q = (x.float() / scale.float()).round().clamp(-INT8_MAX, INT8_MAX)
+    return q.nan_to_num(0.0).to(torch.int8)
+
+
+def group_codes(
+    x: torch.Tensor, group_size: int, out_dtype: torch.dtype, eps: float, scale_ue8m0: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes ``[T, H]`` of ``out_dtype`` (an fp8 dtype or int8), fp32 scales ``[T, H / group_size]``)
+    for x ``[T, H]``: scales ``max(absmax(group) / max code, fp32(eps))`` (ue8m0: rounded up to a
+    power of two), codes as :func:`quantize` or :func:`quantize_int8`."""
+    rows, hidden = x.shape
+    top = INT8_MAX if out_dtype == torch.int8 else fp8_max(out_dtype)
+    groups = x.reshape(rows, hidden // group_size, group_size)
+    amax = groups.abs().amax(dim=-1).float()
+    s = torch.maximum(_div(amax, top), torch.full_like(amax, eps))
+    s = pow2_ceil(s) if scale_ue8m0 else s
+    if out_dtype == torch.int8:
+        codes = quantize_int8(groups, s.unsqueeze(-1))
+    else:
+        codes = quantize(groups, s.unsqueeze(-1), out_dtype)
+    return codes.view(rows, hidden), s
+
+
+def per_token_group_int8_into(
+    input: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, group_size: int, eps: float
+) -> None:
+    """:func:`per_token_group_into` with int8 codes (``out`` int8; scales ``absmax / 127``)."""
+    codes, s = group_codes(input, group_size, torch.int8, eps, False)
+    out.copy_(codes)
+    scales.copy_(s)
+
+
+def _write_rows(dst: torch.Tensor, src: torch.Tensor, live: torch.Tensor) -> None:
+    """``dst[i] = src[i]`` where ``live[i]`` (leading dimensions), the rest untouched."""
+    keep = live.reshape(*live.shape, *([1] * (dst.dim() - live.dim())))
+    if dst.element_size() == 1:  # fp8 and int8 by their bytes (torch.where has no fp8 kernels)
+        d, s = dst.view(torch.uint8), src.view(torch.uint8)
+        d.copy_(torch.where(keep, s, d))
+    else:
+        dst.copy_(torch.where(keep, src.to(dst.dtype), dst))
+
+
+def per_token_group_masked_into(
+    input: torch.Tensor,
+    out: torch.Tensor,
+    scales: torch.Tensor,
+    masked_m: torch.Tensor,
+    group_size: int,
+    eps: float,
+    scale_ue8m0: bool,
+    expected_m: int,
+) -> None:
+    """The masked layout: ``input`` ``[E, T_pad, H]``; rows ``t < masked_m[e]`` of expert ``e`` as
+    :func:`group_codes` into ``out`` ``[E, T_pad, H]`` and ``scales`` ``[E, T_pad, H / group_size]``,
+    the other rows untouched. ``expected_m`` (a hint for the kernels' grid) changes nothing."""
+    experts, pad, hidden = input.shape
+    codes, s = group_codes(
+        input.reshape(experts * pad, hidden), group_size, out.dtype, eps, scale_ue8m0
+    )
+    counts = masked_m.to(torch.int64).clamp(0, pad).unsqueeze(1)
+    live = torch.arange(pad, device=input.device).unsqueeze(0) < counts.to(input.device)
+    _write_rows(out, codes.view(experts, pad, hidden), live)
+    _write_rows(scales, s.view(experts, pad, hidden // group_size), live)
+
+
+def per_token_group_sorted_into(
+    input: torch.Tensor,
+    out: torch.Tensor,
+    scales: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
+    num_tokens_post_padded: torch.Tensor,
+    num_valid_tokens: int,
+    group_size: int,
+    eps: float,
+    scale_ue8m0: bool,
+) -> None:
+    """The sorted MoE layout: row ``i`` of ``input`` ``[M, H]`` as :func:`group_codes` where ``i <
+    num_tokens_post_padded[0]`` and ``0 <= sorted_token_ids[i] < num_valid_tokens``; the other rows
+    of ``out`` and ``scales`` untouched."""
+    rows = input.shape[0]
+    codes, s = group_codes(input, group_size, out.dtype, eps, scale_ue8m0)
+    ids = sorted_token_ids[:rows].to(torch.int64).to(input.device)
+    index = torch.arange(rows, device=input.device)
+    post = num_tokens_post_padded.reshape(-1)[0].to(input.device)
+    live = (index < post) & (ids >= 0) & (ids < num_valid_tokens)
+    _write_rows(out, codes, live)
+    _write_rows(scales, s, live)
