@@ -140,13 +140,14 @@ def _launch_int8(module, key, input, out, scales, group_size, eps) -> None:
     per_row = hidden // group_size
     if rows * per_row == 0:
         return
+    # the dense kernel's argument order is the one sgljit.op derives for per_token_group_quant_fp8
     fn = module.get_function(
         "quant_fp8_per_token_group",
-        ("ptr", "i64", "ptr", "i64", "ptr", "i64", "i64", "i64", "i64", "f32", "i32"),
+        ("ptr", "i64", "ptr", "i64", "ptr", "i64", "i64", "i64", "f32", "i32", "i64", "i64"),
     )
     fn(
         rows * per_row * _WG, _WG, input, input.stride(0), out, out.stride(0), scales,
-        scales.stride(0), scales.stride(1), per_row, group_size, eps, 0,
+        scales.stride(0), scales.stride(1), group_size, eps, 0, rows, hidden,
     )  # fmt: skip
 
 
