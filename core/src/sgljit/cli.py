@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cache {args.action} needs a FILE")
     try:
         return args.fn(args)
+    except KeyboardInterrupt:
+        print(f"sgljit {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (OSError, ValueError, tarfile.TarError, SgljitError) as err:
         # a missing or unwritable file, a bad archive, a cache error: the message, not a traceback
         print(f"sgljit {args.command}: error: {err}", file=sys.stderr)

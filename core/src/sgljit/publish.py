@@ -69,7 +69,7 @@ from .toolchain import outside
 if TYPE_CHECKING:
     from filelock import FileLock
 
-__all__ = ["build_missing", "clear_stale"]
+__all__ = ["build_missing", "clear_stale", "remove_staging_of"]
 
 logger = logging.getLogger("sgljit")
 # The line a compile prints even when SGLJIT_LOG is unset (sgljit's __init__ gives it a handler):
@@ -400,6 +400,24 @@ def _remove_dead_staging(staging_root: Path, now: float) -> int:
         return 0
     for folder in folders:
         if _owner_dead(folder / OWNER, folder, now):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def remove_staging_of(pids: set[int], root: Path | None = None) -> int:
+    """Remove the staging folders of builds run by ``pids`` in this PID namespace on this host
+    (processes just stopped, whose builds cannot finish); returns how many were removed."""
+    root = cache_root() if root is None else root
+    removed = 0
+    for folder in root.glob("*/*/.staging/*"):
+        owner = _read_owner(folder / OWNER)
+        if (
+            owner is not None
+            and owner["pid"] in pids
+            and owner["host"] == host_id()
+            and owner["namespace"] == _namespace()
+        ):
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
     return removed
