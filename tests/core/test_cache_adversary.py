@@ -279,6 +279,48 @@ def test_5_a_wrapper_whose_version_changes_at_the_same_size_and_mtime_rebuilds(c
     assert "built by another c++ (wrapped c++ 1)" in err
 
 
+CONFIGURED_CXX = """\
+#!/bin/sh
+# picks the real compiler from a config file, as a site's toolchain shim does
+exec "$(cat "$CXX_CONFIG")" "$@"
+"""
+# The other "real compiler": another version, and what it builds differs.
+OTHER_CXX = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then echo "other c++ 9.9"; exit 0; fi
+exec c++ -DVALUE_FROM_OTHER_CXX=1 "$@"
+"""
+
+
+def test_5_a_wrapper_switched_by_its_config_rebuilds_though_its_file_is_unchanged(
+    cache_dir, tmp_path
+):
+    """A shim whose file never changes (it reads the compiler to run from a config): switching
+    the config is another compiler, asked each process, never the module the old one built."""
+    shim, other = tmp_path / "c++", script(tmp_path / "other-c++", OTHER_CXX)
+    script(shim, CONFIGURED_CXX)
+    config = tmp_path / "compiler.conf"
+    config.write_text(shutil.which("c++"))
+    spec = {
+        "source_dir": str(
+            value_source(
+                tmp_path / "src",
+                "#ifndef VALUE_FROM_OTHER_CXX\n#define VALUE_FROM_OTHER_CXX 0\n#endif",
+                "VALUE_FROM_OTHER_CXX",
+            )
+        )
+    }
+    env = {"CXX": str(shim), "CXX_CONFIG": str(config)}
+    assert run_value(spec, env)[:2] == (0, True)
+    stat = shim.stat()
+    config.write_text(str(other))
+    value, compiled, err = run_value(spec, env)
+    assert (value, compiled) == (1, True), err
+    assert shim.stat().st_mtime_ns == stat.st_mtime_ns
+    config.write_text(shutil.which("c++"))
+    assert run_value(spec, env)[:2] == (0, False)  # the first compiler's build again
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. nothing in the cache that is not a regular file is opened
 

@@ -115,8 +115,8 @@ def _sycl_rows() -> list[tuple[str, str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import _read_entry, cache_root, published_entries
     from .publish import clear_stale
+    from .store import cache_root, published_entries, read_entry
 
     root = cache_root()
     if args.action == "path":
@@ -127,7 +127,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(f"(empty) {root}")
         for entry in entries:
             try:
-                data, problem = _read_entry(entry)  # the validity rule's manifest half
+                data, problem = read_entry(entry)  # the validity rule's manifest half
             except OSError as err:
                 data, problem = {}, f"unreadable manifest ({err})"
             if problem:  # a load would not use it either: it rebuilds over such an entry

@@ -28,15 +28,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .cache import (
+from .plugins import load_target
+from .store import (
     MANIFEST,
-    _cache_error,
+    cache_error,
     cache_root,
     published_entries,
     read_regular,
     verify_entry,
 )
-from .plugins import load_target
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
 
@@ -349,7 +349,7 @@ def cache_import(file: str) -> int:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".import-{uuid.uuid4().hex[:8]}-", dir=root))
     except OSError as err:
-        raise _cache_error(err, root, f"import {file}") from None
+        raise cache_error(err, root, f"import {file}") from None
     bad = imported = skipped = 0
     try:
         with tarfile.open(file, "r:gz") as tar:
