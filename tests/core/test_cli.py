@@ -302,3 +302,25 @@ def test_check_prints_rows_as_they_finish_and_each_error_whole(monkeypatch, caps
 def test_check_has_a_verbose_flag():
     result = sgljit_cli("check", "--help")
     assert "--verbose" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["norm", "quant-fp8", "quant_fp8"])
+def test_new_plugin_refuses_the_name_of_an_installed_family(tmp_path, name):
+    """`sgljit new-plugin norm` would write sgljit-norm/sgljit_norm, and its `pip install -e`
+    would replace the real plugin: refused, naming the one it clashes with."""
+    result = sgljit_cli("new-plugin", name, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert f"plugin name {name!r} is taken: the installed plugin sgljit-" in result.stderr
+    assert "Choose another name" in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_new_plugin_refuses_one_of_sgljits_families_even_when_not_installed(
+    tmp_path, monkeypatch
+):
+    from sgljit import plugins, scaffold
+
+    monkeypatch.setattr(plugins, "discover", lambda: ())
+    with pytest.raises(ValueError, match="sgljit-rope is one of sgljit's own plugins"):
+        scaffold.new_plugin("rope", tmp_path / "rope")
+    assert not (tmp_path / "rope").exists()
