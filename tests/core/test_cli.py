@@ -315,9 +315,7 @@ def test_new_plugin_refuses_the_name_of_an_installed_family(tmp_path, name):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_new_plugin_refuses_one_of_sgljits_families_even_when_not_installed(
-    tmp_path, monkeypatch
-):
+def test_new_plugin_refuses_one_of_sgljits_families_even_when_not_installed(tmp_path, monkeypatch):
     from sgljit import plugins, scaffold
 
     monkeypatch.setattr(plugins, "discover", lambda: ())
