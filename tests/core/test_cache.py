@@ -261,7 +261,9 @@ def test_import_refuses_a_manifest_rewritten_to_vouch_for_a_patched_binary(cache
     manifest = json.loads((variant / cache.MANIFEST).read_text())
     so = bytearray((variant / manifest["artifact"]).read_bytes())
     so[-16:] = b"\0" * 16
-    manifest["artifact_sha256"] = hashlib.sha256(bytes(so)).hexdigest()  # consistent with the patched bytes
+    manifest["artifact_sha256"] = hashlib.sha256(
+        bytes(so)
+    ).hexdigest()  # consistent with the patched bytes
     archive = write_archive(
         tmp_path / "tampered.tar.gz",
         variant,

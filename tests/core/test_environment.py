@@ -166,3 +166,15 @@ def test_a_compile_says_so_once_unless_turned_off(cache_dir, value, lines):
     if lines:
         assert logged[0].startswith("sgljit: compiling add_one"), logged
         assert "(first use; cached after) ..." in logged[0]
+
+
+def test_a_cache_dir_that_is_a_file_is_named_as_the_setting(tmp_path):
+    """SGLJIT_CACHE_DIR naming a file: the error names the variable, not a folder below it."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    result = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0), {"SGLJIT_CACHE_DIR": str(blocker)})
+    assert result.returncode != 0
+    assert (
+        f"sgljit: SGLJIT_CACHE_DIR={blocker} is not a folder ({blocker} is a file)" in result.stderr
+    ), result.stderr
+    assert "Not a directory" not in result.stderr

@@ -94,7 +94,7 @@ def run_checks(
     public op names (or declared ones) to keep; ``backends``: the backends to run (of those this
     machine has); ``verbose``: errors with their tracebacks."""
     from .backend import backend_name
-    from .plugins import discover, known_distributions, load_target
+    from .plugins import discover, install_hint, known_distributions, load_target
 
     if plugins:
         installed = {p.name for p in discover()}
@@ -198,7 +198,7 @@ def run_checks(
     for note in notes:
         print(f"\nnot run: {note}")
     if not rows:
-        print(f"no plugins installed: pip install {' '.join(known_distributions())}")
+        print(f"no plugins installed ({install_hint(known_distributions())})")
         return 1
     print(f"\n{len(rows) - failed} of {len(rows)} passed")
     return 1 if failed else 0

@@ -38,7 +38,7 @@ def _version_of(dist: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from . import toolchain
     from .cache import cache_root
-    from .plugins import discover, known_distributions, op_table
+    from .plugins import discover, install_hint, known_distributions, op_table
 
     rows = [
         ("sgljit", __version__),
@@ -85,7 +85,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nplugins:")
     plugins = discover()
     if not plugins:
-        print(f"  none installed (pip install {' '.join(known_distributions())})")
+        print(f"  none installed ({install_hint(known_distributions())})")
     table = op_table()
     for plugin in plugins:
         print(f"  {plugin.name:<22} {plugin.distribution:<34} {plugin.status}")

@@ -116,11 +116,7 @@ def build_missing(spec: BuildSpec, key: str, group: Path, found: Found) -> Any:
             if found.module is not None:
                 return found.module  # another process published it while we waited
             for folder, problem in found.broken:
-                warnings.warn(
-                    f"sgljit: cached module {folder} {problem}; rebuilding it",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
+                _warn(f"sgljit: cached module {folder} {problem}; rebuilding it", RuntimeWarning)
                 _discard(folder)
             if found.mismatches:  # say why the builds there do not serve this one
                 logger.info("sgljit: %s: not reusing %s", spec.name, "; ".join(found.mismatches))
@@ -129,6 +125,12 @@ def build_missing(spec: BuildSpec, key: str, group: Path, found: Found) -> Any:
         raise _cannot_build_here(
             err.error, spec, key, found, lock_path.parent, f"take the build lock {lock_path}"
         ) from None
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """A warning attributed to sgljit, not to a line of its source (which would be printed under
+    it, and means nothing to the reader)."""
+    warnings.warn_explicit(message, category, filename="sgljit", lineno=0, module="sgljit")
 
 
 def _clear_non_file(path: Path) -> None:
@@ -621,11 +623,11 @@ def _build_and_publish(
             shutil.rmtree(staging.path, ignore_errors=True)
             return _build_and_publish(spec, key, group, attempts - 1, frozenset(after))
         # Its staging folder goes once this process has (a dead build's, to the next build).
-        warnings.warn(
+        _warn(
             f"sgljit: module {spec.name!r} was built {_BUILD_ATTEMPTS} times, and no build could "
             f"vouch for what it read (the last: {changed}); this process uses the last build, "
             "but it is not cached",
-            stacklevel=2,
+            UserWarning,
         )
         return module
     try:

@@ -436,6 +436,17 @@ READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 def cache_error(err: OSError, folder: Path, doing: str) -> CacheError:
     """An sgljit error for a file-system failure: the folder, what was tried, what fixes it."""
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        root = cache_root()
+        blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:  # the root itself, or a folder above it, is a file
+            setting = os.environ.get("SGLJIT_CACHE_DIR")
+            where = f"SGLJIT_CACHE_DIR={setting}" if setting else f"the module cache folder {root}"
+            return CacheError(
+                f"sgljit: {where} is not a folder ({blocker} is a file), so the module cache "
+                "cannot be kept there. To fix: set SGLJIT_CACHE_DIR to a folder"
+                + ("" if setting else ", or move that file")
+            )
     reason = err.strerror or str(err)
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         fix = "free space there, or set SGLJIT_CACHE_DIR to a folder on another disk"
