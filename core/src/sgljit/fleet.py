@@ -247,8 +247,12 @@ def build_all(
             else:
                 print(line, flush=True)
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut this short
-        _stop_workers(pool)
+        # A second Ctrl-C does not cut the cleanup short.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _stop_workers(pool)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         if bar is not None:
             bar.close()
         built = finished - len(failures) + len(problems)
