@@ -4,7 +4,8 @@ A compiler's identity is what it says it is (``--version``), asked once per proc
 script that picks the real compiler from a config file or a variable changes what it does without
 changing its own file, so nothing about the file can stand for the answer. Facts derived from a
 compiler that cost more to ask (its system include folders, CUDA's root) are memoized on disk
-(``<cache>/toolchains.json``) under that identity.
+(``<cache>/toolchains.json``) under that identity, and the sha256 of its file under the file's
+stat.
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ def _identity_memo_path() -> Path:
 
 
 def _file_sha256(path: str) -> str:
-    return hashlib.sha256(read_regular(path, follow=True)).hexdigest()
+    """sha256 of an executable's file, memoized on disk under its path, size, mtime, ctime (which
+    no copy tool can set back) and inode: a fact about the file alone (hashing a compiler's
+    megabytes each process would cost more than asking it its version)."""
+    st = os.stat(path)
+    token = f"sha256:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    known = _memo_get(token)
+    if known is None:
+        known = hashlib.sha256(read_regular(path, follow=True)).hexdigest()
+        _memo_put(token, known)
+    return known
 
 
 @functools.cache
