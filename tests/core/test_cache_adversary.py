@@ -321,6 +321,31 @@ def test_5_a_wrapper_switched_by_its_config_rebuilds_though_its_file_is_unchange
     assert run_value(spec, env)[:2] == (0, False)  # the first compiler's build again
 
 
+SLOW_VERSION = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then sleep 1; echo "slow c++ {}"; exit 0; fi
+exec c++ "$@"
+"""
+
+
+def test_5_compilers_are_asked_at_once_and_once_per_process(tmp_path):
+    """A first load asks c++ and nvcc together (it pays for the slowest), and each once."""
+    import time
+
+    from sgljit import toolchain
+
+    slow = [script(tmp_path / f"slow-{i}", SLOW_VERSION.format(i)) for i in (1, 2)]
+    started = time.monotonic()
+    toolchain.ask_identities(*slow)
+    identities = [toolchain.compiler_identity(s) for s in slow]
+    took = time.monotonic() - started
+    assert [i.splitlines()[0] for i in identities] == ["slow c++ 1", "slow c++ 2"]
+    assert took < 1.9, f"{took:.1f}s: asked one after the other"
+    started = time.monotonic()
+    assert toolchain.compiler_identity(slow[0]) == identities[0]
+    assert time.monotonic() - started < 0.5  # known for the rest of the process
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. nothing in the cache that is not a regular file is opened
 

@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -57,7 +58,52 @@ def _file_sha256(path: str) -> str:
     return known
 
 
-@functools.cache
+# Per process: (executable, version args) -> its identity, and the questions asked but not yet
+# collected (the child answering, and the path it was found at).
+_identities: dict[tuple[str, ...], str] = {}
+_asked: dict[tuple[str, ...], tuple[subprocess.Popen, str]] = {}
+_identity_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child asks again: the questions in flight are its parent's children."""
+    global _identity_lock
+    _identity_lock = threading.Lock()
+    _asked.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def ask_identities(*executables: str) -> None:
+    """Start asking each compiler its ``--version`` now, all at once, for
+    :func:`compiler_identity` to collect: a first load pays for the slowest, not for each, and the
+    answers come while the caller does other work (imports)."""
+    with _identity_lock:
+        for executable in executables:
+            _ask((executable,))
+
+
+def _ask(key: tuple[str, ...]) -> None:
+    if key in _identities or key in _asked:
+        return
+    found = shutil.which(key[0])
+    if found is None:
+        _identities[key] = ABSENT
+        return
+    # Run as found on PATH: a multi-call binary (ccache's links) answers by the name it is run as.
+    command = [found, *(key[1:] or ("--version",))]
+    try:
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+    except OSError as err:  # not executable: an identity all the same (a build then says why)
+        _identities[key] = f"{found}: {err}"
+        return
+    _asked[key] = (child, found)
+
+
 def compiler_identity(executable: str, *version_args: str) -> str:
     """The compiler's own description of itself (``<exe> --version``) and the sha256 of the file
     it resolves to, asked once per process; :data:`ABSENT` when it is not installed.
@@ -65,14 +111,18 @@ def compiler_identity(executable: str, *version_args: str) -> str:
     >>> "g++" in compiler_identity(host_cxx()) or "clang" in compiler_identity(host_cxx())
     True
     """
-    found = shutil.which(executable)
-    if found is None:
-        return ABSENT
-    real = os.path.realpath(found)
-    args = version_args or ("--version",)
-    # Run as found on PATH: a multi-call binary (ccache's links) answers by the name it is run as.
-    out = subprocess.run([found, *args], capture_output=True, text=True, check=False)
-    return (out.stdout + out.stderr).strip() + f"\n(sha256 of {real}: {_file_sha256(real)})"
+    key = (executable, *version_args)
+    known = _identities.get(key)
+    if known is not None:
+        return known
+    with _identity_lock:
+        _ask(key)
+        if key in _asked:
+            child, found = _asked.pop(key)
+            out, err = child.communicate()
+            real = os.path.realpath(found)
+            _identities[key] = (out + err).strip() + f"\n(sha256 of {real}: {_file_sha256(real)})"
+        return _identities[key]
 
 
 def _identity_token(kind: str, executable: str, real: str) -> str:
