@@ -23,3 +23,29 @@ def test_the_first_example_runs_on_a_cpu():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["torch.Size([128,", "4096])", "torch.bfloat16"]
+
+
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_install_cannot_be_followed_into_cuda_torch_on_a_cpu():
+    """Read top to bottom, the Install section installs PyTorch's CPU build before any command
+    that would install sgljit (whose plain `torch` requirement pulls the CUDA build)."""
+    section = README.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    commands = [
+        line.strip()
+        for block in re.findall(r"^```bash\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+        for line in block.replace("\\\n", " ").splitlines()
+        if re.match(r"\s*pip (install|wheel)\b", line)
+    ]
+    installs_sgljit = [
+        i
+        for i, c in enumerate(commands)
+        if c.startswith("pip install") and re.search(r"\./core|\./plugins|\bsgljit-", c)
+    ]
+    assert installs_sgljit, commands
+    first_cpu_torch = next(i for i, c in enumerate(commands) if c.startswith(CPU_TORCH))
+    assert first_cpu_torch < installs_sgljit[0], commands
+    # and the prose before the first command says when to run it
+    before = section.split("```bash", 1)[0]
+    assert "without an NVIDIA GPU" in before or "without an NVIDIA GPU" in commands[0]

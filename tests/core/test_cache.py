@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import random
@@ -260,7 +261,9 @@ def test_import_refuses_a_manifest_rewritten_to_vouch_for_a_patched_binary(cache
     manifest = json.loads((variant / cache.MANIFEST).read_text())
     so = bytearray((variant / manifest["artifact"]).read_bytes())
     so[-16:] = b"\0" * 16
-    manifest["artifact_sha256"] = cache._sha256(bytes(so))  # consistent with the patched bytes
+    manifest["artifact_sha256"] = hashlib.sha256(
+        bytes(so)
+    ).hexdigest()  # consistent with the patched bytes
     archive = write_archive(
         tmp_path / "tampered.tar.gz",
         variant,
@@ -509,3 +512,44 @@ def test_staging_folders_of_killed_builds_are_removed(cache_dir):
     assert not staging.parent.exists()
     assert not list(cache_dir.glob("cpu/host/.staging/*"))
     assert len(published(cache_dir)) == 1
+
+
+CACHE_MODULES = ("cache", "store", "publish", "toolchain")
+
+
+def test_the_cache_modules_import_no_circle_and_no_private_name():
+    """cache (warm path), store (its insides), publish (miss path), toolchain: no module imports
+    one that imports it back, nor a private name of another sgljit module."""
+    import ast
+
+    package = Path(sgljit.__file__).parent
+    imports: dict[str, set[str]] = {}
+    for name in CACHE_MODULES:
+        imports[name] = set()
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                imports[name].add(node.module.split(".")[0])
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private or node.module == "_version", (name, node.module, private)
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in imports.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    for name in CACHE_MODULES:
+        assert name not in reaches(name), f"{name} imports itself back through {imports}"
+
+
+def test_a_warm_load_does_not_import_the_miss_path(cache_dir):
+    assert run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0)).returncode == 0
+    warm = run_python(
+        LOAD_IN_SUBPROCESS % (KERNELS, 0)
+        + "\nimport sys; print('publish' if 'sgljit.publish' in sys.modules else 'warm')"
+    )
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout.split()[-1] == "warm" and "compiling" not in warm.stderr

@@ -279,6 +279,73 @@ def test_5_a_wrapper_whose_version_changes_at_the_same_size_and_mtime_rebuilds(c
     assert "built by another c++ (wrapped c++ 1)" in err
 
 
+CONFIGURED_CXX = """\
+#!/bin/sh
+# picks the real compiler from a config file, as a site's toolchain shim does
+exec "$(cat "$CXX_CONFIG")" "$@"
+"""
+# The other "real compiler": another version, and what it builds differs.
+OTHER_CXX = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then echo "other c++ 9.9"; exit 0; fi
+exec c++ -DVALUE_FROM_OTHER_CXX=1 "$@"
+"""
+
+
+def test_5_a_wrapper_switched_by_its_config_rebuilds_though_its_file_is_unchanged(
+    cache_dir, tmp_path
+):
+    """A shim whose file never changes (it reads the compiler to run from a config): switching
+    the config is another compiler, asked each process, never the module the old one built."""
+    shim, other = tmp_path / "c++", script(tmp_path / "other-c++", OTHER_CXX)
+    script(shim, CONFIGURED_CXX)
+    config = tmp_path / "compiler.conf"
+    config.write_text(shutil.which("c++"))
+    spec = {
+        "source_dir": str(
+            value_source(
+                tmp_path / "src",
+                "#ifndef VALUE_FROM_OTHER_CXX\n#define VALUE_FROM_OTHER_CXX 0\n#endif",
+                "VALUE_FROM_OTHER_CXX",
+            )
+        )
+    }
+    env = {"CXX": str(shim), "CXX_CONFIG": str(config)}
+    assert run_value(spec, env)[:2] == (0, True)
+    stat = shim.stat()
+    config.write_text(str(other))
+    value, compiled, err = run_value(spec, env)
+    assert (value, compiled) == (1, True), err
+    assert shim.stat().st_mtime_ns == stat.st_mtime_ns
+    config.write_text(shutil.which("c++"))
+    assert run_value(spec, env)[:2] == (0, False)  # the first compiler's build again
+
+
+SLOW_VERSION = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then sleep 1; echo "slow c++ {}"; exit 0; fi
+exec c++ "$@"
+"""
+
+
+def test_5_compilers_are_asked_at_once_and_once_per_process(tmp_path):
+    """A first load asks c++ and nvcc together (it pays for the slowest), and each once."""
+    import time
+
+    from sgljit import toolchain
+
+    slow = [script(tmp_path / f"slow-{i}", SLOW_VERSION.format(i)) for i in (1, 2)]
+    started = time.monotonic()
+    toolchain.ask_identities(*slow)
+    identities = [toolchain.compiler_identity(s) for s in slow]
+    took = time.monotonic() - started
+    assert [i.splitlines()[0] for i in identities] == ["slow c++ 1", "slow c++ 2"]
+    assert took < 1.9, f"{took:.1f}s: asked one after the other"
+    started = time.monotonic()
+    assert toolchain.compiler_identity(slow[0]) == identities[0]
+    assert time.monotonic() - started < 0.5  # known for the rest of the process
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. nothing in the cache that is not a regular file is opened
 
@@ -377,6 +444,11 @@ def test_7_a_file_named_trash_does_not_keep_a_corrupt_entry(prebuilt, cache_dir)
     (cache_dir / ".trash").write_text("not a folder\n")
     healing = run_python(code)
     assert healing.returncode == 0 and "rebuilding it" in healing.stderr, healing.stderr
+    # the warning alone: attributed to sgljit, not to a line of its source printed under it
+    lines = healing.stderr.splitlines()
+    [at] = [i for i, line in enumerate(lines) if "rebuilding it" in line]
+    assert lines[at].startswith("sgljit:0: RuntimeWarning: sgljit: cached module"), lines[at]
+    assert at + 1 == len(lines) or not lines[at + 1].startswith("  "), healing.stderr
     after = run_python(code)
     assert after.returncode == 0 and "compiling" not in after.stderr, after.stderr
     [fresh] = published(cache_dir)

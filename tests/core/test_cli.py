@@ -229,3 +229,96 @@ def test_check_prefixes_compile_lines_with_its_progress(monkeypatch, capsys):
     assert first_calls == [f"[{i}/3] sgljit: compiling fake ..." for i in (1, 2, 3)]
     out = capsys.readouterr().out
     assert "compiling_op  a" in out and "compiling_op  c" in out
+
+
+class _FailingFamily:
+    """Check cases for the streaming and whole-error tests: one passes, one fails with a long
+    message whose fix is past its first 88 characters, one records what was printed before it."""
+
+    name = "failing"
+    ops: dict = {}  # noqa: RUF012
+    printed_before_last: list[str] = []  # noqa: RUF012
+    capsys = None
+
+    @staticmethod
+    def check_cases(device):
+        def passes():
+            x = torch.ones(2)
+            return x, x.double()
+
+        def fails():
+            raise RuntimeError(
+                "sgljit: module 'failing_module' (key 0123456789abcdef) is not in the module cache "
+                "at /somewhere, and that cache is read-only for this process.\n"
+                "To fix: build it into a writable copy of the cache (THE FIX IS HERE)"
+            )
+
+        def last():
+            _FailingFamily.printed_before_last.append(_FailingFamily.capsys.readouterr().out)
+            return passes()
+
+        return [
+            {"op": "failing_op_a", "shape": "2", "run": passes, "tol": 0.0},
+            {"op": "failing_op_b", "shape": "2", "run": fails, "tol": 0.0},
+            {"op": "failing_op_c", "shape": "2", "run": last, "tol": 0.0},
+        ]
+
+
+FAILING_FAMILY = _FailingFamily()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_check_prints_rows_as_they_finish_and_each_error_whole(monkeypatch, capsys, verbose):
+    from sgljit import check, plugins
+
+    plugin = plugins.Plugin(
+        entry_point="failing",
+        distribution="sgljit-failing 0.1.0",
+        manifest={
+            "name": "failing",
+            "version": "0.1.0",
+            "ops": {"failing_op": "x:y"},
+            "family": f"{__name__}:FAILING_FAMILY",
+        },
+    )
+    monkeypatch.setattr(plugins, "discover", lambda: (plugin,))
+    monkeypatch.setattr(
+        check, "available_backends", lambda: ([("reference", torch.device("cpu"))], [])
+    )
+    monkeypatch.setattr(_FailingFamily, "capsys", capsys)
+    monkeypatch.setattr(_FailingFamily, "printed_before_last", [])
+    assert check.run_checks(repeats=1, verbose=verbose) == 1
+    before = _FailingFamily.printed_before_last[0]  # its first call (then a timed one)
+    # the first two rows were out before the third case ran
+    assert re.search(r"failing_op +a +reference \(cpu\) +2 +ok", before), before
+    assert re.search(r"failing_op +b +reference \(cpu\) +2 +ERROR", before), before
+    out = "".join(_FailingFamily.printed_before_last) + capsys.readouterr().out
+    assert "To fix: build it into a writable copy of the cache (THE FIX IS HERE)" in out
+    assert "ERROR failing_op b reference (cpu) 2:" in out
+    assert ("Traceback (most recent call last)" in out) == verbose
+    assert "1 of 3 passed" not in out and "2 of 3 passed" in out
+
+
+def test_check_has_a_verbose_flag():
+    result = sgljit_cli("check", "--help")
+    assert "--verbose" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["norm", "quant-fp8", "quant_fp8"])
+def test_new_plugin_refuses_the_name_of_an_installed_family(tmp_path, name):
+    """`sgljit new-plugin norm` would write sgljit-norm/sgljit_norm, and its `pip install -e`
+    would replace the real plugin: refused, naming the one it clashes with."""
+    result = sgljit_cli("new-plugin", name, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout
+    assert f"plugin name {name!r} is taken: the installed plugin sgljit-" in result.stderr
+    assert "Choose another name" in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_new_plugin_refuses_one_of_sgljits_families_even_when_not_installed(tmp_path, monkeypatch):
+    from sgljit import plugins, scaffold
+
+    monkeypatch.setattr(plugins, "discover", lambda: ())
+    with pytest.raises(ValueError, match="sgljit-rope is one of sgljit's own plugins"):
+        scaffold.new_plugin("rope", tmp_path / "rope")
+    assert not (tmp_path / "rope").exists()

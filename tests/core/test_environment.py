@@ -58,7 +58,7 @@ def test_an_icpx_that_does_not_exist_is_an_error_not_the_other_route(monkeypatch
     assert sycl._pick_route("auto") == "icpx" and sycl.icpx_command() == str(fake)
 
 
-@pytest.mark.parametrize("value", ["gpu", "CUDA", "cpu"])
+@pytest.mark.parametrize("value", ["gpu", "cpu"])
 def test_a_bad_backend_name_fails_at_import(value):
     result = run_python("import sgljit", env={"SGLJIT_BACKEND": value})
     assert result.returncode != 0
@@ -66,6 +66,62 @@ def test_a_bad_backend_name_fails_at_import(value):
         f"ValueError: SGLJIT_BACKEND={value!r}: expected one of cuda, sycl (or xpu), reference, "
         f"got {value!r}" in result.stderr
     ), result.stderr
+
+
+@pytest.mark.parametrize("value", ["SYCL", "Cuda", "XPU", "Reference"])
+def test_backend_names_are_case_insensitive(value):
+    result = run_python(
+        "import sgljit.backend as b; print(b.forced_backend())", env={"SGLJIT_BACKEND": value}
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == {"xpu": "sycl"}.get(value.lower(), value.lower())
+
+
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        ("SGLJIT_BACKEND", "gpu", "SGLJIT_BACKEND='gpu': expected one of cuda, sycl"),
+        ("SGLJIT_PDL", "maybe", "SGLJIT_PDL='maybe': expected 0 (ordinary launches) or 1"),
+        ("SGLJIT_LOG", "bogus", "SGLJIT_LOG='bogus': expected one of debug"),
+    ],
+)
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_the_command_reports_a_bad_setting_without_a_traceback(variable, value, message, how):
+    """`sgljit info` with a bad setting: one line naming the variable, exit status 2."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = shutil.which("sgljit", path=str(Path(sys.executable).parent))
+    if how == "script" and script is None:
+        pytest.skip("the sgljit script is not installed beside this Python")
+    command = [script] if how == "script" else [sys.executable, "-m", "sgljit.cli"]
+    result = subprocess.run(
+        [*command, "info"], capture_output=True, text=True, env={**os.environ, variable: value}
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"sgljit: error: {message}"), result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["maybe", "off", "true", " 0"])
+def test_a_bad_pdl_switch_fails_at_import(value):
+    result = run_python("import sgljit", env={"SGLJIT_PDL": value})
+    assert result.returncode != 0
+    assert f"ValueError: SGLJIT_PDL={value!r}: expected 0" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_pdl_switches_are_accepted(value):
+    result = run_python("import sgljit; print('ok')", env={"SGLJIT_PDL": value})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_the_log_message_names_every_value_it_takes():
+    result = run_python("import sgljit", env={"SGLJIT_LOG": "bogus"})
+    assert "on (1, true, yes: info) or off (0, false, no: nothing)" in result.stderr
 
 
 def test_xpu_names_the_sycl_backend():
@@ -110,3 +166,15 @@ def test_a_compile_says_so_once_unless_turned_off(cache_dir, value, lines):
     if lines:
         assert logged[0].startswith("sgljit: compiling add_one"), logged
         assert "(first use; cached after) ..." in logged[0]
+
+
+def test_a_cache_dir_that_is_a_file_is_named_as_the_setting(tmp_path):
+    """SGLJIT_CACHE_DIR naming a file: the error names the variable, not a folder below it."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    result = run_python(LOAD_IN_SUBPROCESS % (KERNELS, 0), {"SGLJIT_CACHE_DIR": str(blocker)})
+    assert result.returncode != 0
+    assert (
+        f"sgljit: SGLJIT_CACHE_DIR={blocker} is not a folder ({blocker} is a file)" in result.stderr
+    ), result.stderr
+    assert "Not a directory" not in result.stderr

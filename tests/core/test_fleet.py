@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -157,3 +158,117 @@ def test_build_of_an_unknown_plugin_fails(cache_dir):
     )
     assert result.returncode == 1
     assert "no-such-plugin" in result.stdout + result.stderr
+
+
+# A plugin whose prebuilds are real C++ compiles (a few seconds each on CI's two cores), written
+# as an installed distribution (dist-info with its entry point) on PYTHONPATH.
+SLOW_PLUGIN = """
+from pathlib import Path
+
+import sgljit
+
+MANIFEST = {"name": "slow", "version": "0.1.0", "requires_sgljit": ">=0.1,<0.2", "ops": {},
+            "family": "sgljit_fixture_slow:family"}
+
+
+class _Family:
+    name = "slow"
+    ops: dict = {}
+
+    @staticmethod
+    def prebuild_specs(backend):
+        return [{"value": v} for v in range(%d)]
+
+    @staticmethod
+    def prebuild(backend, value):
+        return sgljit.load_jit("fixture_slow", value, cpp_files=["slow.h"],
+                               cpp_wrappers=[("value", f"Value<{value}>::run")],
+                               source_dir=Path(__file__).parent)
+
+
+family = _Family()
+"""
+SLOW_HEADER = """#pragma once
+#include <cstdint>
+template <int kValue>
+struct Value {
+  static int64_t run() { return kValue; }
+};
+"""
+
+
+def slow_plugin_site(site: Path, modules: int) -> Path:
+    package = site / "sgljit_fixture_slow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(SLOW_PLUGIN % modules)
+    (package / "slow.h").write_text(SLOW_HEADER)
+    info = site / "sgljit_fixture_slow-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sgljit-fixture-slow\nVersion: 0.1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[sgljit.plugins]\nslow = sgljit_fixture_slow:MANIFEST\n"
+    )
+    return site
+
+
+def processes_below(pid: int) -> set[int]:
+    from sgljit.fleet import _descendants
+
+    return _descendants({pid})
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has stopped
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_ctrl_c_stops_a_build_at_once_and_the_same_command_resumes(cache_dir, tmp_path):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) after 5 s: the
+    command exits within 3 s, non-zero, with no worker or compiler left running and no staging
+    folder left; run again, it builds the rest and keeps what the first run built."""
+    import signal
+    import time
+
+    modules = 12  # well over 5 s of compiles on two jobs, even on an idle machine
+    env = env_with_site(slow_plugin_site(tmp_path / "site", modules), SGLJIT_LOG="")
+    command = [sys.executable, "-m", "sgljit.cli", "build", "--plugin", "slow", "--jobs", "2"]
+    build = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    time.sleep(5)
+    below = processes_below(build.pid)
+    started = time.monotonic()
+    while not below and build.poll() is None and time.monotonic() - started < 60:
+        time.sleep(0.2)  # a loaded machine: the workers are not up yet
+        below = processes_below(build.pid)
+    assert build.poll() is None, "the build finished before the interrupt: give it more modules"
+    assert below, "no worker was running"
+    interrupted = time.monotonic()
+    os.killpg(build.pid, signal.SIGINT)
+    _out, err = build.communicate(timeout=60)
+    took = time.monotonic() - interrupted
+    assert took < 3, f"took {took:.1f}s to stop\n{err}"
+    assert build.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert "compiling" not in err  # the workers' lines do not tear the progress bar
+    assert not [p for p in below if alive(p)], "a worker or compiler is still running"
+    assert not list(cache_dir.glob("*/*/.staging/*")), "a staging folder was left behind"
+    first = {p: p.stat().st_mtime_ns for p in published(cache_dir, "fixture_slow")}
+    assert len(first) < modules
+
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"{modules} of {modules} built" in again.stdout
+    lines = again.stdout + again.stderr
+    assert lines.count("] cached slow:") == len(first), lines
+    assert lines.count("] built slow:") == modules - len(first), lines
+    after = published(cache_dir, "fixture_slow")
+    assert len(after) == modules
+    assert all(p.stat().st_mtime_ns == first[p] for p in first)  # kept, not rebuilt

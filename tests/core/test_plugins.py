@@ -79,7 +79,10 @@ def test_an_op_whose_plugin_is_missing_names_its_distribution():
     assert len(lines) == 3, result.stdout
     for line, op in zip(lines, ("rmsnorm", "gemma_rmsnorm", "rmsnorm"), strict=True):
         assert line.startswith(f"sgljit.ops has no op {op!r}: sgljit-norm provides it"), line
-        assert "(pip install sgljit-norm), or SGLJIT_DISABLE_PLUGINS='norm' disables it" in line
+        assert (
+            "(from a checkout: pip install ./plugins/norm; from a wheelhouse: pip install "
+            "--find-links WHEELHOUSE sgljit-norm), or SGLJIT_DISABLE_PLUGINS='norm' disables it"
+        ) in line
         assert "apply_rope" in line  # what is installed
 
 

@@ -53,6 +53,21 @@ def test_from_pretrained_with_kernel_config(family, backend, backend_env, op_cal
         assert_matches_hf(family, device, model, op_calls)
 
 
+@pytest.mark.parametrize("families", [("llama", "llama"), ("qwen3", "gemma3")])
+def test_one_kernel_config_serves_several_from_pretrained(families, op_calls, tmp_path):
+    """One ``sgl.kernel_config()`` passed to ``from_pretrained`` again (the same family or
+    another): each model gets its own mapping, and runs sgljit's ops like the first."""
+    config = sgl.kernel_config()
+    for i, family in enumerate(families):
+        build(family).save_pretrained(tmp_path / str(i))
+        model_cls = getattr(transformers, MODELS[family][1])
+        model = model_cls.from_pretrained(tmp_path / str(i), use_kernels=True, kernel_config=config)
+        assert model.eval().use_kernels
+        op_calls.clear()
+        assert_matches_hf(family, "cpu", model, op_calls)
+        assert config.kernel_mapping == {}  # the model's mapping is the model's own
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kernelize(family, backend, backend_env, op_calls):

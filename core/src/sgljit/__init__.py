@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 from typing import Any
 
 from ._version import __version__
@@ -86,7 +87,8 @@ def _configure_logging() -> None:
         return
     if level not in levels:
         raise ValueError(
-            f"SGLJIT_LOG={os.environ['SGLJIT_LOG']!r}: expected one of {', '.join(levels)} (or 1/0)"
+            f"SGLJIT_LOG={os.environ['SGLJIT_LOG']!r}: expected one of {', '.join(levels)}, "
+            "on (1, true, yes: info) or off (0, false, no: nothing); unset, one line per compile"
         )
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -94,7 +96,32 @@ def _configure_logging() -> None:
     logging.getLogger("sgljit").setLevel(level.upper())
 
 
-_configure_logging()
-# $SGLJIT_BACKEND is checked here, so a bad name fails at import, not at the first op; the module
-# imports nothing heavy.
-importlib.import_module(".backend", __name__)
+def _check_pdl() -> None:
+    """SGLJIT_PDL, which the CUDA kernels read (include/sgljit/cuda.cuh): 0 turns programmatic
+    dependent launch off, 1 or unset leaves it on; anything else would silently mean on."""
+    value = os.environ.get("SGLJIT_PDL")
+    if value is not None and value not in ("0", "1"):
+        raise ValueError(
+            f"SGLJIT_PDL={value!r}: expected 0 (ordinary launches) or 1 (programmatic dependent "
+            "launch on sm_90+, the default when unset)"
+        )
+
+
+def _run_as_the_command() -> bool:
+    """Whether this process is the ``sgljit`` command (its script, or ``python -m sgljit.cli``)."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    modules = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-m"]
+    return os.path.basename(sys.argv[0] if sys.argv else "") == "sgljit" or "sgljit.cli" in modules
+
+
+# The settings are checked here, so a bad value fails at import, not at the first op; the backend
+# module imports nothing heavy. The command says what is wrong without a traceback.
+try:
+    _configure_logging()
+    _check_pdl()
+    importlib.import_module(".backend", __name__)  # checks $SGLJIT_BACKEND
+except ValueError as _err:
+    if not _run_as_the_command():
+        raise
+    print(f"sgljit: error: {_err}", file=sys.stderr)
+    raise SystemExit(2) from None

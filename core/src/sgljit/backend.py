@@ -4,7 +4,8 @@ Default: ``cuda`` tensors → CUDA kernels, ``xpu`` tensors → SYCL kernels, ``
 PyTorch reference. ``use_backend("sycl")`` (or ``SGLJIT_BACKEND=sycl``) runs the SYCL kernels on CPU
 tensors through the SYCL CPU device; ``use_backend("reference")`` runs the reference everywhere.
 ``$SGLJIT_BACKEND`` is read and checked once, at ``import sgljit``; to change the backend at run time
-use ``use_backend``. ``xpu`` names the SYCL backend too (what ``xpu`` tensors run).
+use ``use_backend``. ``xpu`` names the SYCL backend too (what ``xpu`` tensors run); names are
+case-insensitive.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ _ALIASES = {"xpu": "sycl"}  # a device whose tensors one backend runs names that
 
 
 def backend_name(name: object, where: str) -> str:
-    """The backend ``name`` names (``xpu`` is ``sycl``); else a ValueError that starts with
-    ``where`` (the variable or argument the name came from)."""
-    backend = _ALIASES.get(name, name) if isinstance(name, str) else name
+    """The backend ``name`` names, in any case (``xpu`` is ``sycl``); else a ValueError that starts
+    with ``where`` (the variable or argument the name came from)."""
+    backend = name
+    if isinstance(name, str):
+        backend = _ALIASES.get(name.lower(), name.lower())
     if backend not in BACKENDS:
         raise ValueError(
             f"{where}: expected one of cuda, sycl (or xpu), reference, got {name!r} (left unset, "

@@ -14,6 +14,7 @@ import logging
 import statistics
 import sys
 import time
+import traceback
 from typing import Any
 
 __all__ = ["add_parser", "available_backends", "run_checks"]
@@ -86,12 +87,14 @@ def run_checks(
     *,
     ops: list[str] | None = None,
     backends: list[str] | None = None,
+    verbose: bool = False,
 ) -> int:
     """Print one table of op, variant, backend, shape, status, max error, tolerance and time per
-    call; 0 if all pass. ``ops``: public op names (or declared ones) to keep; ``backends``: the
-    backends to run (of those this machine has)."""
+    call, a row as each case finishes, then each error's whole message; 0 if all pass. ``ops``:
+    public op names (or declared ones) to keep; ``backends``: the backends to run (of those this
+    machine has); ``verbose``: errors with their tracebacks."""
     from .backend import backend_name
-    from .plugins import discover, known_distributions, load_target
+    from .plugins import discover, install_hint, known_distributions, load_target
 
     if plugins:
         installed = {p.name for p in discover()}
@@ -118,6 +121,7 @@ def run_checks(
         found = [(b, d) for b, d in found if b in wanted]
         notes = []
     rows: list[tuple[str, ...]] = []
+    errors: list[tuple[str, str]] = []  # (the row's label, the whole message)
     cases: list[tuple[str, str, str, Any, dict]] = []  # (op, variant, backend, device, case)
     failed = 0
     seen_ops: set[str] = set()
@@ -127,8 +131,10 @@ def run_checks(
         target = None if plugin.error else plugin.manifest.get("family")
         if plugin.error or not target:
             if not ops:
-                problem = plugin.error or "no checks declared"
-                rows.append((f"({plugin.name})", "", "-", "-", problem, "-", "-", "-"))
+                status = "ERROR" if plugin.error else "no checks declared"
+                rows.append((f"({plugin.name})", "", "-", "-", status, "-", "-", "-"))
+                if plugin.error:
+                    errors.append((f"({plugin.name})", plugin.error))
                 failed += bool(plugin.error)
             continue
         try:
@@ -142,8 +148,8 @@ def run_checks(
                     if not ops or op in ops or case["op"] in ops:
                         cases.append((op, variant, backend, device, case))
         except Exception as err:  # the plugin's mistake, reported on its row: the others still run
-            problem = f"family {target!r}: {type(err).__name__}: {err}"
-            rows.append((f"({plugin.name})", "", "-", "-", f"ERROR {problem[:120]}", "-", "-", "-"))
+            rows.append((f"({plugin.name})", "", "-", "-", "ERROR", "-", "-", "-"))
+            errors.append((f"({plugin.name})", f"family {target!r}: {type(err).__name__}: {err}"))
             failed += 1
     if ops and not set(ops) & seen_ops:
         print(
@@ -152,17 +158,6 @@ def run_checks(
             file=sys.stderr,
         )
         return 2
-    progress = _Progress(len(cases))
-    compile_log = logging.getLogger("sgljit.compile")
-    compile_log.addFilter(progress)
-    try:
-        for op, variant, backend, device, case in cases:
-            row, ok = _run_case(case, backend, device, repeats)
-            rows.append((op, variant or "-", *row))
-            failed += not ok
-            progress.done += 1
-    finally:
-        compile_log.removeFilter(progress)
     header = (
         "op",
         "variant",
@@ -173,25 +168,61 @@ def run_checks(
         "tolerance",
         "time per call (incl. inputs and reference)",
     )
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    # Each row is printed when its case finishes (a warm check still takes a while), so the
+    # columns are sized from what is known before: the cases, and the widest status and numbers.
+    known = [
+        *rows,
+        *((op, v or "-", _label(b, d), c["shape"], "ERROR") for op, v, b, d, c in cases),
+    ]
+    widths = [max(len(r[i]) for r in [header, *known]) for i in range(5)]
+    widths += [len(h) for h in header[5:]]
     print()
     for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        _print_row(row, widths)
+    progress = _Progress(len(cases))
+    compile_log = logging.getLogger("sgljit.compile")
+    compile_log.addFilter(progress)
+    try:
+        for op, variant, backend, device, case in cases:
+            row, ok, error = _run_case(case, backend, device, repeats, verbose)
+            _print_row((op, variant or "-", *row), widths)
+            rows.append((op, variant or "-", *row))
+            failed += not ok
+            progress.done += 1
+            if error:
+                errors.append((f"{op} {variant or '-'} {row[0]} {row[1]}", error))
+    finally:
+        compile_log.removeFilter(progress)
+    for label, error in errors:  # whole: the reason and its fix are often past the first line
+        print(f"\nERROR {label}:\n  " + "\n  ".join(error.rstrip().splitlines()))
     for note in notes:
         print(f"\nnot run: {note}")
     if not rows:
-        print(f"no plugins installed: pip install {' '.join(known_distributions())}")
+        print(f"no plugins installed ({install_hint(known_distributions())})")
         return 1
     print(f"\n{len(rows) - failed} of {len(rows)} passed")
     return 1 if failed else 0
 
 
-def _run_case(case: dict, backend: str, device: Any, repeats: int) -> tuple[tuple[str, ...], bool]:
-    """(backend, shape, status, max error, tolerance, time) of one case, and whether it passed."""
+def _label(backend: str, device: Any) -> str:
+    return f"{backend} ({device.type})"
+
+
+def _print_row(row: tuple[str, ...], widths: list[int]) -> None:
+    print(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), flush=True
+    )
+
+
+def _run_case(
+    case: dict, backend: str, device: Any, repeats: int, verbose: bool = False
+) -> tuple[tuple[str, ...], bool, str]:
+    """(backend, shape, status, max error, tolerance, time) of one case, whether it passed, and
+    its error's whole message ("" when it ran; ``verbose``: with the traceback)."""
     from .backend import use_backend
     from .testing import max_error, synchronize
 
-    label = f"{backend} ({device.type})"
+    label = _label(backend, device)
     tol = case.get("tol", 1e-5)
     try:
         with use_backend(backend):
@@ -207,16 +238,20 @@ def _run_case(case: dict, backend: str, device: Any, repeats: int) -> tuple[tupl
                 synchronize(device)
                 times.append(time.perf_counter() - t0)
     except Exception as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return (label, case["shape"], f"ERROR {message[:80]}", "-", f"{tol:.2e}", "-"), False
+        message = f"{type(err).__name__}: {err}"
+        if verbose:
+            message = "".join(traceback.format_exception(err))
+        return (label, case["shape"], "ERROR", "-", f"{tol:.2e}", "-"), False, message
     ok = error <= tol
     timing = f"{statistics.median(times) * 1e6:.0f} µs (first {first:.2f}s)"
     status = "ok" if ok else "WRONG"
-    return (label, case["shape"], status, f"{error:.2e}", f"{tol:.2e}", timing), ok
+    return (label, case["shape"], status, f"{error:.2e}", f"{tol:.2e}", timing), ok, ""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    return run_checks(args.plugin or None, args.repeats, ops=args.op, backends=args.backend)
+    return run_checks(
+        args.plugin or None, args.repeats, ops=args.op, backends=args.backend, verbose=args.verbose
+    )
 
 
 def _positive(text: str) -> int:
@@ -242,5 +277,11 @@ def add_parser(sub: Any) -> None:
     )
     check.add_argument(
         "--repeats", type=_positive, default=5, help="timed calls per case (median; at least 1)"
+    )
+    check.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each error with its traceback (without: its whole message)",
     )
     check.set_defaults(fn=cmd_check)

@@ -38,7 +38,7 @@ def _version_of(dist: str) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from . import toolchain
     from .cache import cache_root
-    from .plugins import discover, known_distributions, op_table
+    from .plugins import discover, install_hint, known_distributions, op_table
 
     rows = [
         ("sgljit", __version__),
@@ -85,7 +85,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nplugins:")
     plugins = discover()
     if not plugins:
-        print(f"  none installed (pip install {' '.join(known_distributions())})")
+        print(f"  none installed ({install_hint(known_distributions())})")
     table = op_table()
     for plugin in plugins:
         print(f"  {plugin.name:<22} {plugin.distribution:<34} {plugin.status}")
@@ -115,8 +115,8 @@ def _sycl_rows() -> list[tuple[str, str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import _read_entry, cache_root, published_entries
     from .publish import clear_stale
+    from .store import cache_root, published_entries, read_entry
 
     root = cache_root()
     if args.action == "path":
@@ -127,7 +127,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(f"(empty) {root}")
         for entry in entries:
             try:
-                data, problem = _read_entry(entry)  # the validity rule's manifest half
+                data, problem = read_entry(entry)  # the validity rule's manifest half
             except OSError as err:
                 data, problem = {}, f"unreadable manifest ({err})"
             if problem:  # a load would not use it either: it rebuilds over such an entry
@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cache {args.action} needs a FILE")
     try:
         return args.fn(args)
+    except KeyboardInterrupt:
+        print(f"sgljit {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (OSError, ValueError, tarfile.TarError, SgljitError) as err:
         # a missing or unwritable file, a bad archive, a cache error: the message, not a traceback
         print(f"sgljit {args.command}: error: {err}", file=sys.stderr)

@@ -17,6 +17,7 @@ from .errors import CompileError
 from .jit_utils import module_name
 from .toolchain import (
     ABSENT,
+    ask_identities,
     compiler_environment,
     compiler_identity,
     cuda_arch_list,
@@ -126,6 +127,8 @@ def load_jit(
                        cpp_wrappers=[("add_one", "AddOne::run")], source_dir=here)
         mod.add_one(torch.zeros(4))
     """
+    # The compilers answer (--version, once per process) while tvm-ffi imports.
+    ask_identities(host_cxx(), *(n for n in [find_nvcc() if cuda_files else None] if n))
     import tvm_ffi
 
     if not (cuda_files or cpp_files):

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
+import logging
+import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
@@ -23,19 +28,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .cache import (
+from .plugins import load_target
+from .store import (
     MANIFEST,
-    _cache_error,
+    cache_error,
     cache_root,
     published_entries,
     read_regular,
     verify_entry,
 )
-from .plugins import load_target
 
 __all__ = ["add_build_parser", "build_all", "cache_export", "cache_import", "prebuild_jobs"]
 
 BACKENDS = ("cuda", "sycl")
+# The exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
 
 
 def prebuild_jobs(
@@ -89,10 +96,21 @@ def prebuild_jobs(
     return jobs, problems
 
 
-def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
-    """In a worker process: build one specialization into the cache."""
+class _CompileCounter(logging.Handler):
+    """Counts a worker's compiles (the "compiling" records), which it does not print."""
+
+    compiles = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _CompileCounter.compiles += 1
+
+
+def _run_job(job: dict, env: dict[str, str]) -> tuple[str, str, float]:
+    """In a worker process: build one specialization into the cache. Returns ("built" or
+    "cached" or "FAILED", the error, seconds)."""
     os.environ.update(env)
     started = time.perf_counter()
+    compiles = _CompileCounter.compiles
     try:
         result = load_target(job["builder"])(job["backend"], **job["spec"])
         if hasattr(result, "build"):  # a SYCL module: compile now, not at its first launch
@@ -106,16 +124,84 @@ def _run_job(job: dict, env: dict[str, str]) -> tuple[bool, str, float]:
                         f"compiled, but not kept on disk: the runtime compiler saves device "
                         f"binaries for OpenCL devices only, and this SYCL device is {backend}"
                     )
-        return True, "", time.perf_counter() - started
+        outcome = "built" if _CompileCounter.compiles > compiles else "cached"
+        return outcome, "", time.perf_counter() - started
     except Exception as err:
-        return False, f"{type(err).__name__}: {err}", time.perf_counter() - started
+        return "FAILED", f"{type(err).__name__}: {err}", time.perf_counter() - started
+
+
+def _worker_init() -> None:
+    """A build worker: a process group of its own, so a Ctrl-C at the terminal reaches the command
+    alone, which then stops every worker and compiler together (:func:`_stop_workers`); and no
+    "compiling" line of its own, which would tear the progress bar (the command prints one line per
+    module)."""
+    os.setpgrp()
+    compiles = logging.getLogger("sgljit.compile")
+    for handler in list(compiles.handlers):
+        compiles.removeHandler(handler)
+    compiles.addHandler(_CompileCounter())
+    compiles.setLevel(logging.INFO)
+    compiles.propagate = False
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    """The processes below ``pids`` (compilers, ninja's jobs in their own process groups), from
+    /proc; none where it cannot be read."""
+    parent_of: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = set(), set(pids)
+    while frontier:
+        frontier = {p for p, parent in parent_of.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _signal(pids: set[int], groups: set[int], sig: int) -> None:
+    for send, targets in ((os.killpg, groups), (os.kill, pids)):
+        for target in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                send(target, sig)
+
+
+# After a Ctrl-C, workers and compilers get this long to stop on SIGTERM (ninja passes it to its
+# jobs and waits for them) before SIGKILL.
+_STOP_GRACE_S = 1.0
+
+
+def _stop_workers(pool: cf.ProcessPoolExecutor) -> None:
+    """Stop every worker of ``pool`` and everything it started, now, and remove the staging
+    folders of the builds they leave unfinished (what they published stays)."""
+    from .publish import remove_staging_of
+
+    workers = multiprocessing.active_children()
+    pool.shutdown(wait=False, cancel_futures=True)
+    pids = {w.pid for w in workers if w.pid}
+    below = _descendants(pids)
+    _signal(pids | below, pids, signal.SIGTERM)
+    multiprocessing.connection.wait([w.sentinel for w in workers], timeout=_STOP_GRACE_S)
+    _signal(pids | (below | _descendants(pids)), pids, signal.SIGKILL)
+    multiprocessing.connection.wait([w.sentinel for w in workers], timeout=_STOP_GRACE_S)
+    remove_staging_of(pids, cache_root())
 
 
 def build_all(
     plugins: list[str] | None, backend: str, arch: str | None, jobs: int, *, cases: bool = False
 ) -> int:
     """Compile every declared specialization (``cases``: and every check case's module) into the
-    cache; 0 when all built."""
+    cache; 0 when all built, 1 when one failed, 130 when interrupted (Ctrl-C: the workers and
+    their compilers stop at once; what was built stays, and the same command builds the rest)."""
     env = {"SGLJIT_NO_COMPILE": "0"}
     work, problems = prebuild_jobs(plugins, backend, cases=cases)
     archs = (arch or "").split() if backend == "cuda" else []
@@ -133,7 +219,9 @@ def build_all(
     except ImportError:  # progress lines without tqdm
         tqdm = None
     bar = tqdm(total=len(work), desc=f"sgljit build {backend}", unit="module") if tqdm else None
-    with cf.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+    pool = cf.ProcessPoolExecutor(max_workers=max(1, jobs), initializer=_worker_init)
+    finished = 0
+    try:
         futures = {
             pool.submit(
                 _run_job,
@@ -142,21 +230,39 @@ def build_all(
             ): job
             for job in work
         }
-        for done, future in enumerate(cf.as_completed(futures), 1):
+        for future in cf.as_completed(futures):
             job = futures[future]
             label = f"{job['plugin']}: {job['label']}"
             try:
-                ok, message, seconds = future.result()
+                outcome, message, seconds = future.result()
             except Exception as err:  # the worker died
-                ok, message, seconds = False, f"worker crashed: {err}", 0.0
-            if not ok:
+                outcome, message, seconds = "FAILED", f"worker crashed: {err}", 0.0
+            finished += 1
+            if outcome == "FAILED":
                 failures.append((label, message))
-            line = f"[{done}/{len(work)}] {'built' if ok else 'FAILED'} {label} ({seconds:.1f}s)"
+            line = f"[{finished}/{len(work)}] {outcome} {label} ({seconds:.1f}s)"
             if bar is not None:
                 bar.update(1)
                 bar.write(line)
             else:
                 print(line, flush=True)
+    except KeyboardInterrupt:
+        # A second Ctrl-C does not cut the cleanup short.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _stop_workers(pool)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if bar is not None:
+            bar.close()
+        built = finished - len(failures) + len(problems)
+        print(
+            f"\ninterrupted: {built} of {len(work)} built into {cache_root()} (kept); "
+            "the same command builds the rest",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+    pool.shutdown()
     if bar is not None:
         bar.close()
     print(f"\n{len(work) - len(failures) + len(problems)} of {len(work)} built into {cache_root()}")
@@ -174,7 +280,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     backends = BACKENDS if args.backend == "all" else (args.backend,)
     status = 0
     for backend in backends:
-        status |= build_all(args.plugin or None, backend, args.arch, args.jobs, cases=args.cases)
+        status = max(
+            status, build_all(args.plugin or None, backend, args.arch, args.jobs, cases=args.cases)
+        )
+        if status == INTERRUPTED:
+            break
     return status
 
 
@@ -243,7 +353,7 @@ def cache_import(file: str) -> int:
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".import-{uuid.uuid4().hex[:8]}-", dir=root))
     except OSError as err:
-        raise _cache_error(err, root, f"import {file}") from None
+        raise cache_error(err, root, f"import {file}") from None
     bad = imported = skipped = 0
     try:
         with tarfile.open(file, "r:gz") as tar:

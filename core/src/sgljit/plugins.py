@@ -101,6 +101,22 @@ def known_distributions() -> list[str]:
     return sorted(set(KNOWN_OPS.values()))
 
 
+def install_hint(distributions: list[str]) -> str:
+    """How to install the project's plugin distributions: they are not on a package index, so
+    from a checkout (their folders) or from a wheelhouse (``pip wheel``'s, see the README).
+
+    >>> install_hint(["sgljit-quant-fp8"])
+    'from a checkout: pip install ./plugins/quant_fp8; from a wheelhouse: pip install --find-links WHEELHOUSE sgljit-quant-fp8'
+    """
+    folders = " ".join(
+        f"./plugins/{d.removeprefix('sgljit-').replace('-', '_')}" for d in distributions
+    )
+    return (
+        f"from a checkout: pip install {folders}; from a wheelhouse: pip install --find-links "
+        f"WHEELHOUSE {' '.join(distributions)}"
+    )
+
+
 class _ManifestRequired(TypedDict):
     name: str  # the family's short name ("norm"): `sgljit build --plugin`, SGLJIT_DISABLE_PLUGINS
     version: str  # the distribution's version
@@ -319,7 +335,7 @@ def _missing_op_message(op: str) -> str:
     unless = f", or SGLJIT_DISABLE_PLUGINS={disabled!r} disables it" if disabled else ""
     return (
         f"sgljit.ops has no op {op!r}: {distribution} provides it and is not installed "
-        f"(pip install {distribution}){unless}; installed ops: {installed}"
+        f"({install_hint([distribution])}){unless}; installed ops: {installed}"
     )
 
 

@@ -4,7 +4,8 @@
     heartbeat) → inputs listed and hashed → build → inputs hashed again → load → manifest →
     atomic rename
 
-:mod:`sgljit.cache` imports this module on a miss only, so a warm load never pays for it.
+:mod:`sgljit.cache` imports this module on a miss only, so a warm load never pays for it; it
+imports :mod:`sgljit.store`, never :mod:`sgljit.cache`.
 
 * **Known before trusted**: the files a spec's ``scan`` lists (and the files its flags name) are
   hashed before the build, and everything the build read after it; a file read that was not hashed
@@ -42,34 +43,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .cache import (
-    _READ_ONLY,
+from .errors import CacheError, CompileError
+from .store import (
     MANIFEST,
     MANIFEST_FORMAT,
+    READ_ONLY,
     BuildSpec,
-    _cache_error,
-    _find,
-    _Found,
-    _portable,
-    _read_input,
-    _sha256,
-    _split_fingerprint,
-    _unusable,
-    _variant_name,
+    Found,
+    cache_error,
     cache_root,
+    find_usable,
     host_id,
     lock_timeout,
+    portable_path,
+    read_input,
     read_regular,
+    sha256,
+    split_fingerprint,
+    variant_name,
     verify_entry,
+    why_unusable,
     write_atomic,
 )
-from .errors import CacheError, CompileError
 from .toolchain import outside
 
 if TYPE_CHECKING:
     from filelock import FileLock
 
-__all__ = ["build_missing", "clear_stale"]
+__all__ = ["build_missing", "clear_stale", "remove_staging_of"]
 
 logger = logging.getLogger("sgljit")
 # The line a compile prints even when SGLJIT_LOG is unset (sgljit's __init__ gives it a handler):
@@ -92,7 +93,7 @@ _SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=,@%-]+")
 # The lock
 
 
-def build_missing(spec: BuildSpec, key: str, group: Path, found: _Found) -> Any:
+def build_missing(spec: BuildSpec, key: str, group: Path, found: Found) -> Any:
     """Build and publish a module the lookup (``found``) did not find usable, under the host's
     lock; a module another process published meanwhile is loaded instead."""
     # Locks serialize builds within a host only: file locks are unreliable across NFS clients, and a
@@ -111,15 +112,11 @@ def build_missing(spec: BuildSpec, key: str, group: Path, found: _Found) -> Any:
     try:
         acquired = _Acquire(FileLock(str(lock_path)), spec, group)
         with acquired as published_meanwhile:
-            found = published_meanwhile or _find(spec, group)
+            found = published_meanwhile or find_usable(spec, group)
             if found.module is not None:
                 return found.module  # another process published it while we waited
             for folder, problem in found.broken:
-                warnings.warn(
-                    f"sgljit: cached module {folder} {problem}; rebuilding it",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
+                _warn(f"sgljit: cached module {folder} {problem}; rebuilding it", RuntimeWarning)
                 _discard(folder)
             if found.mismatches:  # say why the builds there do not serve this one
                 logger.info("sgljit: %s: not reusing %s", spec.name, "; ".join(found.mismatches))
@@ -128,6 +125,12 @@ def build_missing(spec: BuildSpec, key: str, group: Path, found: _Found) -> Any:
         raise _cannot_build_here(
             err.error, spec, key, found, lock_path.parent, f"take the build lock {lock_path}"
         ) from None
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """A warning attributed to sgljit, not to a line of its source (which would be printed under
+    it, and means nothing to the reader)."""
+    warnings.warn_explicit(message, category, filename="sgljit", lineno=0, module="sgljit")
 
 
 def _clear_non_file(path: Path) -> None:
@@ -158,7 +161,7 @@ class _Acquire:
         self.lock, self.spec, self.group = lock, spec, group
         self.owner = Path(lock.lock_file + ".owner")
 
-    def __enter__(self) -> _Found | None:
+    def __enter__(self) -> Found | None:
         """None once the lock is held; the lookup's result when a usable build appeared."""
         from filelock import Timeout
 
@@ -178,7 +181,7 @@ class _Acquire:
                     _heartbeat(self.owner, True)
                 return None
             waited = time.monotonic() - started
-            found = _find(self.spec, self.group)
+            found = find_usable(self.spec, self.group)
             if found.module is not None:
                 return found  # published meanwhile (perhaps by another host)
             if waited > give_up_after:
@@ -232,18 +235,18 @@ def _discard(folder: Path) -> None:
 
 
 def _cannot_build_here(
-    err: OSError, spec: BuildSpec, key: str, found: _Found, folder: Path, doing: str
+    err: OSError, spec: BuildSpec, key: str, found: Found, folder: Path, doing: str
 ) -> CacheError:
     """The error for a miss that cannot be built in the cache: a read-only cache (a read-only mount,
     another user's prebuilt cache) says so and what to do; any other failure names the folder."""
-    if err.errno not in _READ_ONLY:
-        return _cache_error(err, folder, doing)
+    if err.errno not in READ_ONLY:
+        return cache_error(err, folder, doing)
     default = "" if os.environ.get("SGLJIT_CACHE_DIR") else " (the default, ~/.cache/sgljit)"
     return CacheError(
         f"sgljit: module {spec.name!r} (key {key}, {spec.backend} {spec.arch}) is not in the "
         f"module cache at {cache_root()}{default}, and that cache is read-only for this process "
         f"({err.filename or folder}: {err.strerror or err}), so it cannot be built there."
-        f"{_unusable(found)} To fix: build it into a writable copy of the cache (`sgljit build` "
+        f"{why_unusable(found)} To fix: build it into a writable copy of the cache (`sgljit build` "
         "for the plugins' kernels, or this code run once with SGLJIT_CACHE_DIR set to the copy) "
         "and serve that copy, or set SGLJIT_CACHE_DIR to a writable folder."
     )
@@ -405,6 +408,24 @@ def _remove_dead_staging(staging_root: Path, now: float) -> int:
     return removed
 
 
+def remove_staging_of(pids: set[int], root: Path | None = None) -> int:
+    """Remove the staging folders of builds run by ``pids`` in this PID namespace on this host
+    (processes just stopped, whose builds cannot finish); returns how many were removed."""
+    root = cache_root() if root is None else root
+    removed = 0
+    for folder in root.glob("*/*/.staging/*"):
+        owner = _read_owner(folder / OWNER)
+        if (
+            owner is not None
+            and owner["pid"] in pids
+            and owner["host"] == host_id()
+            and owner["namespace"] == _namespace()
+        ):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def clear_stale(root: Path | None = None) -> int:
     """Remove what no process can use: staging folders of dead builds, discarded entries, kept
     failed builds and folders in an older cache layout. Returns how many were removed."""
@@ -471,8 +492,8 @@ def _snapshot(paths: Iterable[str], include_path: Sequence[str]) -> dict[str, st
     found: dict[str, str | None] = {}
     probes: list[str] = []
     for path in paths:
-        data = _read_input(path)
-        found[path] = None if data is None else _sha256(data)
+        data = read_input(path)
+        found[path] = None if data is None else sha256(data)
         if data is None or b"__has_include" not in data:
             continue
         for quote, name in re.findall(_PROBE, data):
@@ -481,8 +502,8 @@ def _snapshot(paths: Iterable[str], include_path: Sequence[str]) -> dict[str, st
             probes += [os.path.normpath(os.path.join(f, name)) for f in [*folders, *include_path]]
     for path in probes:
         if path not in found:
-            data = _read_input(path)
-            found[path] = None if data is None else _sha256(data)
+            data = read_input(path)
+            found[path] = None if data is None else sha256(data)
     return found
 
 
@@ -501,7 +522,7 @@ def _unvouched(
 
 def _record_deps(snapshot: Mapping[str, str | None], roots: Mapping[str, Path]) -> list[list]:
     """[[portable path, sha256 or None], ...] of a build's inputs, sorted."""
-    recorded = {_portable(path, roots): digest for path, digest in snapshot.items()}
+    recorded = {portable_path(path, roots): digest for path, digest in snapshot.items()}
     return [[p, recorded[p]] for p in sorted(recorded)]
 
 
@@ -552,7 +573,7 @@ def _build_and_publish(
             err,
             spec,
             key,
-            _Found(),
+            Found(),
             group.parent,
             f"create a staging folder for module {spec.name!r}",
         ) from None
@@ -587,7 +608,7 @@ def _build_and_publish(
             raise _keep_failed(err, staging.path, group, folder.path) from None
         if isinstance(err, OSError):
             shutil.rmtree(staging.path, ignore_errors=True)
-            raise _cache_error(err, staging.path, f"build module {spec.name!r}") from None
+            raise cache_error(err, staging.path, f"build module {spec.name!r}") from None
         failed = _move_to_failed(staging.path, group)
         raise CompileError(
             f"built module {spec.name!r} could not be loaded: {err}", source_path=str(failed)
@@ -602,11 +623,11 @@ def _build_and_publish(
             shutil.rmtree(staging.path, ignore_errors=True)
             return _build_and_publish(spec, key, group, attempts - 1, frozenset(after))
         # Its staging folder goes once this process has (a dead build's, to the next build).
-        warnings.warn(
+        _warn(
             f"sgljit: module {spec.name!r} was built {_BUILD_ATTEMPTS} times, and no build could "
             f"vouch for what it read (the last: {changed}); this process uses the last build, "
             "but it is not cached",
-            stacklevel=2,
+            UserWarning,
         )
         return module
     try:
@@ -614,7 +635,7 @@ def _build_and_publish(
         _publish(staging.path, group, variant)
     except OSError as err:
         shutil.rmtree(staging.path, ignore_errors=True)
-        raise _cache_error(err, group, f"publish module {spec.name!r}") from None
+        raise cache_error(err, group, f"publish module {spec.name!r}") from None
     logger.info(
         "sgljit: compiled %s for %s %s in %.1fs",
         spec.name,
@@ -665,10 +686,10 @@ def _write_manifest(
     spec: BuildSpec, key: str, staging: Path, inputs: Mapping[str, str | None], started: float
 ) -> str:
     """Write the manifest into the staging folder; returns the variant's name."""
-    flags, toolchain = _split_fingerprint(spec.fingerprint)
+    flags, toolchain = split_fingerprint(spec.fingerprint)
     recorded = _record_deps(inputs, spec.roots)
     data = (staging / spec.artifact).read_bytes()
-    artifact_sha = _sha256(data)
+    artifact_sha = sha256(data)
     manifest = {
         "format": MANIFEST_FORMAT,
         "name": spec.name,
@@ -680,7 +701,7 @@ def _write_manifest(
         "artifact_sha256": artifact_sha,
         "sgljit": __version__,
         "fingerprint": flags,
-        "files": {n: _sha256(t.encode()) for n, t in spec.files.items()},
+        "files": {n: sha256(t.encode()) for n, t in spec.files.items()},
         "toolchain": toolchain,
         "deps": recorded,
         "built_on": host_id(),
@@ -690,7 +711,7 @@ def _write_manifest(
     tmp = staging / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, staging / MANIFEST)
-    return _variant_name(toolchain, recorded, artifact_sha)
+    return variant_name(toolchain, recorded, artifact_sha)
 
 
 def _move_to_failed(staging: Path, group: Path) -> Path:

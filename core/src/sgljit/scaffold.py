@@ -50,10 +50,41 @@ def plugin_names(name: str) -> dict[str, str]:
     }
 
 
+def name_taken(names: dict[str, str]) -> str | None:
+    """Why a new plugin may not take these names, or None: an installed plugin has its family,
+    distribution or package, or one of sgljit's own families has it (installing the new package
+    would replace or shadow that one)."""
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from .plugins import discover, known_distributions
+
+    for plugin in discover():
+        if plugin.name == names["family"] or plugin.entry_point == names["family"]:
+            return f"the installed plugin {plugin.distribution} is family {names['family']!r}"
+    if names["dist"] in known_distributions():
+        return f"{names['dist']} is one of sgljit's own plugins"
+    try:
+        distribution(names["dist"])
+        return f"a distribution named {names['dist']} is installed"
+    except PackageNotFoundError:
+        pass
+    if importlib.util.find_spec(names["package"]) is not None:
+        return f"a package named {names['package']} is importable"
+    return None
+
+
 def new_plugin(name: str, dest: str | Path | None = None) -> Path:
     """Write the plugin package for ``name`` into the new folder ``dest`` (default: the family
-    name in the current folder); returns the folder. Refuses an existing ``dest``."""
+    name in the current folder); returns the folder. Refuses an existing ``dest``, and a name
+    another plugin has (:func:`name_taken`)."""
     names = plugin_names(name)
+    taken = name_taken(names)
+    if taken:
+        raise ValueError(
+            f"plugin name {name!r} is taken: {taken}; its pip install would replace or shadow "
+            "that one. Choose another name (e.g. my-" + names["name"] + ")"
+        )
     files = {}
     for template in sorted(TEMPLATES.rglob("*")):
         if template.is_file():

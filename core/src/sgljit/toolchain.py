@@ -1,9 +1,11 @@
 """Where the compilers are, what they are, and which GPU architecture to build for.
 
-Everything here runs on the warm path of a fresh process, so nothing spawns a process when it can
-avoid it: a compiler's identity is memoized on disk (``<cache>/toolchains.json``), keyed by what
-the executable on PATH resolves to — its path, size, mtime, ctime and inode, and for a small file
-(a wrapper script) its contents — so replacing or editing a compiler or its wrapper asks it again.
+A compiler's identity is what it says it is (``--version``), asked once per process: a wrapper
+script that picks the real compiler from a config file or a variable changes what it does without
+changing its own file, so nothing about the file can stand for the answer. Facts derived from a
+compiler that cost more to ask (its system include folders, CUDA's root) are memoized on disk
+(``<cache>/toolchains.json``) under that identity, and the sha256 of its file under the file's
+stat.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .errors import SgljitError
+from .store import ABSENT, cache_root, read_depfile, read_regular, write_atomic
 
 __all__ = [
     "compiler_environment",
@@ -38,57 +42,93 @@ __all__ = [
 
 
 def _identity_memo_path() -> Path:
-    from .cache import cache_root
-
     return cache_root() / "toolchains.json"
 
 
-# A wrapper script is at most this big: its contents join its memo key (hashing it costs a few µs).
-_SCRIPT_MAX_BYTES = 64 * 1024
-
-
-def _file_token(path: str) -> str:
-    """What identifies an executable's file: path, size, mtime, ctime (which no copy tool can set
-    back), inode, and for a small file (a wrapper script, whose target is not visible) its sha256."""
-    st = os.stat(path)
-    token = f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-    if st.st_size <= _SCRIPT_MAX_BYTES:
-        token += ":" + _file_sha256(path)
-    return token
-
-
 def _file_sha256(path: str) -> str:
-    from .cache import read_regular
+    """sha256 of an executable's file, memoized on disk under its path, size, mtime, ctime (which
+    no copy tool can set back) and inode: a fact about the file alone (hashing a compiler's
+    megabytes each process would cost more than asking it its version)."""
+    st = os.stat(path)
+    token = f"sha256:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    known = _memo_get(token)
+    if known is None:
+        known = hashlib.sha256(read_regular(path, follow=True)).hexdigest()
+        _memo_put(token, known)
+    return known
 
-    return hashlib.sha256(read_regular(path, follow=True)).hexdigest()
+
+# Per process: (executable, version args) -> its identity, and the questions asked but not yet
+# collected (the child answering, and the path it was found at).
+_identities: dict[tuple[str, ...], str] = {}
+_asked: dict[tuple[str, ...], tuple[subprocess.Popen, str]] = {}
+_identity_lock = threading.Lock()
 
 
-# A compiler that is not installed, e.g. in a production image that only runs prebuilt kernels.
-ABSENT = "absent"
+def _after_fork_in_child() -> None:
+    """A forked child asks again: the questions in flight are its parent's children."""
+    global _identity_lock
+    _identity_lock = threading.Lock()
+    _asked.clear()
 
 
-@functools.cache
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def ask_identities(*executables: str) -> None:
+    """Start asking each compiler its ``--version`` now, all at once, for
+    :func:`compiler_identity` to collect: a first load pays for the slowest, not for each, and the
+    answers come while the caller does other work (imports)."""
+    with _identity_lock:
+        for executable in executables:
+            _ask((executable,))
+
+
+def _ask(key: tuple[str, ...]) -> None:
+    if key in _identities or key in _asked:
+        return
+    found = shutil.which(key[0])
+    if found is None:
+        _identities[key] = ABSENT
+        return
+    # Run as found on PATH: a multi-call binary (ccache's links) answers by the name it is run as.
+    command = [found, *(key[1:] or ("--version",))]
+    try:
+        child = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+    except OSError as err:  # not executable: an identity all the same (a build then says why)
+        _identities[key] = f"{found}: {err}"
+        return
+    _asked[key] = (child, found)
+
+
 def compiler_identity(executable: str, *version_args: str) -> str:
     """The compiler's own description of itself (``<exe> --version``) and the sha256 of the file
-    it resolves to, memoized on disk; :data:`ABSENT` when it is not installed.
+    it resolves to, asked once per process; :data:`ABSENT` when it is not installed.
 
     >>> "g++" in compiler_identity(host_cxx()) or "clang" in compiler_identity(host_cxx())
     True
     """
-    found = shutil.which(executable)
-    if found is None:
-        return ABSENT
-    real = os.path.realpath(found)
-    args = version_args or ("--version",)
-    token = "identity:" + _file_token(real) + ":" + " ".join(args)
-    known = _memo_get(token)
+    key = (executable, *version_args)
+    known = _identities.get(key)
     if known is not None:
         return known
-    # Run as found on PATH: a multi-call binary (ccache's links) answers by the name it is run as.
-    out = subprocess.run([found, *args], capture_output=True, text=True, check=False)
-    identity = (out.stdout + out.stderr).strip() + f"\n(sha256 of {real}: {_file_sha256(real)})"
-    _memo_put(token, identity)
-    return identity
+    with _identity_lock:
+        _ask(key)
+        if key in _asked:
+            child, found = _asked.pop(key)
+            out, err = child.communicate()
+            real = os.path.realpath(found)
+            _identities[key] = (out + err).strip() + f"\n(sha256 of {real}: {_file_sha256(real)})"
+        return _identities[key]
+
+
+def _identity_token(kind: str, executable: str, real: str) -> str:
+    """The on-disk memo's key of a fact about a compiler: its path and its identity."""
+    digest = hashlib.sha256(compiler_identity(executable).encode()).hexdigest()
+    return f"{kind}:{real}:{digest}"
 
 
 # The on-disk memo as this process last read it (read once: a warm load asks it several times).
@@ -105,8 +145,6 @@ def _memo_get(token: str) -> str | None:
 
 
 def _memo_read() -> dict:
-    from .cache import read_regular
-
     try:
         memo = json.loads(read_regular(_identity_memo_path()))
     except (OSError, ValueError):  # missing, not a regular file (never opened), unreadable
@@ -117,8 +155,6 @@ def _memo_read() -> dict:
 def _memo_put(token: str, value: str) -> None:
     """Record a toolchain fact; a read-only cache only means asking the compiler again."""
     global _memo_seen
-    from .cache import write_atomic
-
     memo = _memo_read()
     memo[token] = value
     _memo_seen = memo
@@ -148,13 +184,13 @@ def compiler_environment() -> tuple[str, ...]:
 
 @functools.cache
 def system_include_dirs(executable: str) -> tuple[str, ...]:
-    """The compiler's own include folders (``<exe> -E -v``), memoized on disk. Headers there belong
+    """The compiler's own include folders (``<exe> -E -v``), memoized on disk under its identity. Headers there belong
     to the toolchain: its identity, not their contents, is what the cache records."""
     found = shutil.which(executable)
     if found is None:
         return ()
     real = os.path.realpath(found)
-    token = "system_include_dirs:" + _file_token(real)
+    token = _identity_token("system_include_dirs", executable, real)
     known = _memo_get(token)
     if known is not None:
         return tuple(known.split("\n")) if known else ()
@@ -223,7 +259,6 @@ def expand_response_files(flags: Iterable[str], found: list[str] | None = None) 
     """``flags`` with each ``@file`` (an absolute path: builds run in their own folder) replaced by
     the words it holds, as the compilers read it, nested ones too; the files read are appended to
     ``found``. One that cannot be read stays as it is."""
-    from .cache import read_regular
 
     def expand(words: Iterable[str], depth: int) -> list[str]:
         out: list[str] = []
@@ -289,8 +324,6 @@ def dependency_scan(command: list[str], folder: Path) -> list[str]:
     """The files a preprocessor run as ``command`` (ending in ``-M -MF scan.d``) in ``folder``
     lists, or none when it fails: the compile then reports the error, or reads files no scan
     listed and is built again (see :class:`sgljit.cache.BuildSpec`)."""
-    from .cache import read_depfile
-
     depfile = folder / "scan.d"
     try:
         result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
@@ -364,7 +397,7 @@ def cuda_home() -> str:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise SgljitError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
-    token = "cuda_home:" + _file_token(os.path.realpath(nvcc))
+    token = _identity_token("cuda_home", nvcc, os.path.realpath(nvcc))
     known = _memo_get(token)
     if known is not None and Path(known, "bin", "nvcc").exists():
         return known

@@ -36,6 +36,7 @@ ops). ``transformers >= 5.25`` installs ``kernels``; before it, ``pip install ke
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -208,8 +209,9 @@ def kernel_config():
     """A ``transformers.KernelConfig`` of sgljit's layers, for
     ``from_pretrained(..., use_kernels=True, kernel_config=sgl.kernel_config())``.
 
-    Its ``kernel_mapping`` is filled for the model when transformers validates the config against
-    it (the model's families are checked then), so make one per ``from_pretrained`` call."""
+    A config serves any number of ``from_pretrained`` calls: when transformers validates it
+    against a model (the model's families are checked then), the model gets a copy holding its
+    own mapping, and the config stays empty for the next."""
     _kernels()
     return _config_class()()
 
@@ -237,7 +239,12 @@ def _config_class() -> type:
             self.store_registered_layer_names(model)
 
         def create_compatible_mapping(self, model, compile: bool = False) -> None:
-            self.kernel_mapping = _mapping(model)
+            # The model keeps its own copy (transformers kernelizes it from
+            # model.kernel_config): this one stays empty, because from_pretrained refuses a
+            # filled mapping (a repository per device) before it builds the next model.
+            own = copy.copy(self)
+            own.kernel_mapping = _mapping(model)
+            model.kernel_config = own
 
     return SgljitKernelConfig
 
