@@ -64,6 +64,7 @@ KNOWN_OPS = {
             "apply_rope",
             "apply_rope_with_kv_cache",
             "qknorm_rope",
+            "qknorm_rope_theta",
             "rope_quantize_fp8",
             "rope_quantize_fp8_append_paged_kv_cache",
             "append_paged_kv_cache",

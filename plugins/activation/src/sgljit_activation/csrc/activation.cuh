@@ -25,27 +25,12 @@
 
 namespace sgljit_activation {
 
-#ifndef ACT_AB_LATE_TRIGGER
-#define ACT_AB_LATE_TRIGGER 0  // A/B: 1 = the PDL trigger after the stores (sglang's), not after the wait
-#endif
-#ifndef ACT_AB_LARGE_BLOCKS_PER_SM
-#define ACT_AB_LARGE_BLOCKS_PER_SM 2  // A/B: ActConfig::kLargeBlocksPerSm
-#endif
-#ifndef ACT_AB_PREFETCH_BLOCKS_PER_SM
-#define ACT_AB_PREFETCH_BLOCKS_PER_SM 1  // A/B: ActConfig::kPrefetchBlocksPerSm (0: no prefetch)
-#endif
-#ifndef ACT_AB_MIN_THREADS
-#define ACT_AB_MIN_THREADS 32  // A/B: ActConfig::kMinThreads (256: sglang's fixed 256-thread blocks)
-#endif
-
 struct ActConfig {
   static constexpr int kThreads = 256;     // block size of large grids: 8 blocks fill an SM's 2048 threads
-  static constexpr int kMinThreads = ACT_AB_MIN_THREADS;  // small grids: blocks of one warp at least
+  static constexpr int kMinThreads = 32;   // small grids: blocks of one warp at least
   static constexpr int kUnroll = 2;        // items a thread in large grids: 4 16-byte loads in flight each
-  // large grids from this many kThreads x kUnroll blocks per SM
-  static constexpr int kLargeBlocksPerSm = ACT_AB_LARGE_BLOCKS_PER_SM;
-  // grids this small prefetch before the PDL wait (as norm's)
-  static constexpr int kPrefetchBlocksPerSm = ACT_AB_PREFETCH_BLOCKS_PER_SM;
+  static constexpr int kLargeBlocksPerSm = 2;     // large grids from this many kThreads x kUnroll blocks per SM
+  static constexpr int kPrefetchBlocksPerSm = 1;  // grids this small prefetch before the PDL wait (as norm's)
 };
 
 template <typename T>
@@ -100,9 +85,7 @@ __global__ void __launch_bounds__(ActConfig::kThreads) act_and_mul_kernel(const 
     prefetch_l2(gate[0] + a.hidden);
   }
   pdl_wait();
-#if !ACT_AB_LATE_TRIGGER
   pdl_launch_dependents();
-#endif
   [[maybe_unused]] bool keep[U];
   if constexpr (kFiltered) {
 #pragma unroll
@@ -128,9 +111,6 @@ __global__ void __launch_bounds__(ActConfig::kThreads) act_and_mul_kernel(const 
     act_and_mul_all<kAct>(y, [&](int e) { return g[u][e]; }, [&](int e) { return up[u][e]; });
     store_rounded<T, VEC, kStream>(dst[u], y);
   }
-#if ACT_AB_LATE_TRIGGER
-  pdl_launch_dependents();
-#endif
 }
 
 // The entry point. Shapes, strides, dtypes, devices and overlap were checked by the code sgljit.op

@@ -27,18 +27,8 @@
 
 namespace sgljit_activation {
 
-#ifndef ACT_AB_QUANT_THREADS
-#define ACT_AB_QUANT_THREADS 128  // A/B: QuantConfig::kThreads (256: sglang's)
-#endif
-#ifndef ACT_AB_QUANT_BRACKET
-#define ACT_AB_QUANT_BRACKET 0  // A/B: 1 = codes by sgljit::Bracket (norm->fp8's), Markstein's steps where they differ
-#endif
-#ifndef ACT_AB_LATE_TRIGGER
-#define ACT_AB_LATE_TRIGGER 0  // A/B: 1 = the PDL trigger after the stores (sglang's), not after the wait
-#endif
-
 struct QuantConfig {
-  static constexpr int kThreads = ACT_AB_QUANT_THREADS;  // block size (quant_fp8's group kernel's)
+  static constexpr int kThreads = 128;           // block size (quant_fp8's group kernel's)
   static constexpr int kVecsPerLane = 2;         // vectors of gate (and of up) a lane holds of one group
   static constexpr int kRounds = 2;              // groups a lane in large grids: 8 loads in flight per lane
   static constexpr int kThreadsPerSm = 1024;     // large grids: rounds only where this many threads per SM remain
@@ -94,8 +84,9 @@ SGLJIT_DEVICE void store_codes(uint8_t* p, const float (&y)[VEC], const Divider&
   store_raw<kStream>(p, raw);
 }
 
-// store_codes' kMarksteinBounded codes by sgljit::Bracket: two products a value, Markstein's steps
-// for a vector whose two codes differ anywhere.
+// store_codes' kMarksteinBounded codes, the same bits in fewer instructions: two products a value
+// (sgljit::Bracket: where the codes of y * lo and y * hi agree they are the code of the correctly
+// rounded y / s), Markstein's steps only for a vector whose two codes differ anywhere.
 template <typename Q, int VEC, bool kStream>
 SGLJIT_DEVICE void store_codes_bracket(uint8_t* p, const float (&y)[VEC], const Divider& div) {
   const Bracket bracket(div);
@@ -144,9 +135,7 @@ __global__ __launch_bounds__(QuantConfig::kThreads) void silu_and_mul_quant_kern
     }
   }
   pdl_wait();
-#if !ACT_AB_LATE_TRIGGER
   pdl_launch_dependents();
-#endif
 
   Vec<T, VEC> g[R][K], u[R][K];
 #pragma unroll
@@ -167,17 +156,9 @@ __global__ __launch_bounds__(QuantConfig::kThreads) void silu_and_mul_quant_kern
     uint32_t m = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-#if ACT_AB_SILU_DIV
       act_and_mul_all<Act::kSilu>(y[k], [&](int e) { return g[r][k][e]; }, [&](int e) { return u[r][k][e]; });
 #pragma unroll
       for (int e = 0; e < VEC; ++e) m = max(m, abs_bits(y[k][e]));
-#else
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        y[k][e] = act_and_mul<Act::kSilu>(g[r][k][e], u[r][k][e]);
-        m = max(m, abs_bits(y[k][e]));
-      }
-#endif
     }
     m = warp_reduce_max<L>(m, mask);
     float s = __fdiv_rn(__uint_as_float(m), Fp8<Q>::kMax);
@@ -189,7 +170,7 @@ __global__ __launch_bounds__(QuantConfig::kThreads) void silu_and_mul_quant_kern
     if (Divider::fast(s)) {  // finite y with s >= absmax / fp8_max: bounded quotients
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        if constexpr (ACT_AB_QUANT_BRACKET && VEC > 1) {
+        if constexpr (VEC > 1) {
           store_codes_bracket<Q, VEC, kStream>(dst + (lane + k * L) * VEC, y[k], div);
         } else {
           store_codes<Q, kMarksteinBounded, VEC, kStream>(dst + (lane + k * L) * VEC, y[k], div);
@@ -200,9 +181,6 @@ __global__ __launch_bounds__(QuantConfig::kThreads) void silu_and_mul_quant_kern
       for (int k = 0; k < K; ++k) store_codes<Q, kDivide, VEC, kStream>(dst + (lane + k * L) * VEC, y[k], div);
     }
   }
-#if ACT_AB_LATE_TRIGGER
-  pdl_launch_dependents();
-#endif
 }
 
 // The entry point. Shapes, strides, dtypes, devices and overlap were checked by the code sgljit.op

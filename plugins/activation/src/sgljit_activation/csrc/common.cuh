@@ -47,13 +47,6 @@ SGLJIT_DEVICE float act_and_mul(float gate, float up) {
   return __fmul_rn(act<kAct>(gate), up);
 }
 
-#ifndef ACT_AB_SILU_DIV
-// A/B: 0 = silu's __fdiv_rn a element (its FCHK branch fences each element's chain); 1 = the same
-// quotient by __fdiv_rn's own fast-path steps, branch-free, __fdiv_rn only for a vector holding x
-// outside [-80, 2^64] or |x| < 2^-60 (same bits); 2 = sglang's fast math (__expf, __fdividef)
-#define ACT_AB_SILU_DIV 0
-#endif
-
 // x / d by the steps __fdiv_rn takes where its range check passes (a reciprocal estimate, one Newton
 // step, a quotient and one correction).
 SGLJIT_DEVICE float div_fast_path(float x, float d) {
@@ -64,10 +57,13 @@ SGLJIT_DEVICE float div_fast_path(float x, float d) {
   return __fmaf_rn(r, __fmaf_rn(-d, q, x), q);
 }
 
-// y[e] = act_and_mul(gate(e), up(e)) for the N elements of a vector.
+// y[e] = act_and_mul(gate(e), up(e)) for the N elements of a vector. silu's quotient is __fdiv_rn's
+// own fast-path steps, branch-free, so a vector's N chains interleave (__fdiv_rn's range check is a
+// branch an element that runs them one after the other); same bits: __fdiv_rn itself only for a
+// vector holding an x outside [-80, 2^64] or |x| < 2^-60, where those steps could leave its range.
 template <Act kAct, int N, typename G, typename U>
 SGLJIT_DEVICE void act_and_mul_all(float (&y)[N], G gate, U up) {
-  if constexpr (kAct == Act::kSilu && ACT_AB_SILU_DIV == 1) {
+  if constexpr (kAct == Act::kSilu) {
     bool slow = false;
 #pragma unroll
     for (int e = 0; e < N; ++e) {
@@ -78,12 +74,6 @@ SGLJIT_DEVICE void act_and_mul_all(float (&y)[N], G gate, U up) {
     if (slow) {
 #pragma unroll
       for (int e = 0; e < N; ++e) y[e] = act_and_mul<kAct>(gate(e), up(e));
-    }
-  } else if constexpr (kAct == Act::kSilu && ACT_AB_SILU_DIV == 2) {
-#pragma unroll
-    for (int e = 0; e < N; ++e) {
-      const float x = gate(e);
-      y[e] = __fmul_rn(__fdividef(x, __fadd_rn(1.0f, __expf(-x))), up(e));
     }
   } else {
 #pragma unroll

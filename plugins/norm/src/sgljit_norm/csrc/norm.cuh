@@ -168,19 +168,11 @@ struct RowOffsets {
   int64_t in, out, res;
 };
 
-// kFlat (A/B NORM_AB_FLAT): the caller knows s.inner == 1, no division.
-template <bool kFlat = false, typename T, typename W>
+template <typename T, typename W>
 SGLJIT_DEVICE RowOffsets row_offsets(const RowSet<T, W>& s, int64_t row) {
   int64_t o = row, i = 0;
-#ifndef NORM_AB_DIV32
-#define NORM_AB_DIV32 0  // A/B: 1 = a 32-bit division where row and inner fit (qknorm's heads), not the 64-bit call
-#endif
-  if (!kFlat && s.inner != 1) {
-    if (NORM_AB_DIV32 && ((static_cast<uint64_t>(row) | static_cast<uint64_t>(s.inner)) >> 32) == 0) {
-      o = static_cast<uint32_t>(row) / static_cast<uint32_t>(s.inner);
-    } else {
-      o = row / s.inner;
-    }
+  if (s.inner != 1) {
+    o = row / s.inner;
     i = row - o * s.inner;
   }
   return {o * s.in_s0 + i * s.in_s1, o * s.out_s0 + i * s.out_s1, o * s.res_s0 + i * s.res_s1};
@@ -216,7 +208,7 @@ SGLJIT_DEVICE T norm_out(float x, float inv_rms, float wf) {
 // Fast path
 // ------------------------------------------------------------------------------------------------
 template <typename T, typename W, int kH, int kTarget, int kBlock, bool kGemma, bool kFused, bool kRound,
-          bool kFloatSum = false, bool kFlat = false>
+          bool kFloatSum = false>
 SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step, float eps, float* red) {
   using Cfg = RowConfig<T, kH, kTarget, W>;
   static_assert(Cfg::kValid, "RowConfig: H must be a multiple of the vector width, at most 4096 vectors");
@@ -260,20 +252,11 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
 #pragma unroll
     for (int i = 0; i < kR; ++i) {
       if (valid(i)) {
-        off[i] = row_offsets<kFlat>(s, row0 + i);
+        off[i] = row_offsets(s, row0 + i);
 #pragma unroll
         for (int j = 0; j < kVPT; ++j) {
           if (has(j)) {
-#ifndef NORM_AB_PLAIN_LOADS
-#define NORM_AB_PLAIN_LOADS 0
-#endif
-            // NORM_AB_PLAIN_LOADS: x by a plain ld.global (as sglang's rmsnorm), not ld.global.nc.
-            if constexpr (NORM_AB_PLAIN_LOADS && !kFused) {
-              const uint4 v = *reinterpret_cast<const uint4*>(s.in + off[i].in + col(j));
-              memcpy(&x[i][j], &v, sizeof(v));
-            } else {
-              sgljit::load16_readonly(x[i][j], s.in + off[i].in + col(j));
-            }
+            sgljit::load16_readonly(x[i][j], s.in + off[i].in + col(j));
             if constexpr (kFused) sgljit::load16_readonly(r[i][j], s.res + off[i].res + col(j));
           }
         }
@@ -351,7 +334,7 @@ SGLJIT_DEVICE void norm_rows(const RowSet<T, W>& s, int64_t first, int64_t step,
 // Prefetches into L2 the row(s) that row group `g` of set s works on first, one bulk request per row
 // from the group's first thread (see sgljit::prefetch_l2_bulk; the fast path's rows are contiguous
 // and 16-byte aligned), and the set's weight from its first group.
-template <typename T, typename W, int kH, int kTarget, int kBlock, bool kFused, bool kFlat = false>
+template <typename T, typename W, int kH, int kTarget, int kBlock, bool kFused>
 SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
   using Cfg = RowConfig<T, kH, kTarget>;
   constexpr int kTPR = Cfg::kThreads;
@@ -362,7 +345,7 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
 #pragma unroll
   for (int i = 0; i < Cfg::kRows; ++i) {
     if (row0 + i >= s.rows) return;
-    const RowOffsets o = row_offsets<kFlat>(s, row0 + i);
+    const RowOffsets o = row_offsets(s, row0 + i);
     sgljit::prefetch_l2_bulk(s.in + o.in, kRowBytes);
     if constexpr (kFused) sgljit::prefetch_l2_bulk(s.res + o.res, kRowBytes);
   }
@@ -370,33 +353,28 @@ SGLJIT_DEVICE void prefetch_rows(const RowSet<T, W>& s, int64_t g) {
 
 // kThreadsPerSM: the resident threads per SM the register budget is sized for.
 template <typename T, typename W, int kBlock, bool kGemma, bool kFused, bool kRound, int kHA, int kHB, int kTarget,
-          int kThreadsPerSM, bool kFloatSum = false, bool kFlat = false>
+          int kThreadsPerSM, bool kFloatSum = false>
 __global__ void __launch_bounds__(kBlock, std::max(1, kThreadsPerSM / kBlock))
     norm_kernel(const RowSet<T, W> a, const RowSet<T, W> b, const int grid_a, const float eps,
                 const int prefetch_blocks) {
   __shared__ float red[2 * (kBlock / 32)];
   if (static_cast<int>(blockIdx.x) < prefetch_blocks) {
     if (static_cast<int>(blockIdx.x) < grid_a) {
-      prefetch_rows<T, W, kHA, kTarget, kBlock, kFused, kFlat>(a, blockIdx.x);
+      prefetch_rows<T, W, kHA, kTarget, kBlock, kFused>(a, blockIdx.x);
     } else if constexpr (kHB > 0) {
       prefetch_rows<T, W, kHB, kTarget, kBlock, kFused>(b, blockIdx.x - grid_a);
     }
   }
-#ifndef NORM_AB_LATE_TRIGGER
-#define NORM_AB_LATE_TRIGGER 0
-#endif
-  // NORM_AB_LATE_TRIGGER: dependents launch when every block has finished its rows (as sglang's rmsnorm).
   sgljit::pdl_wait();
-  if (!NORM_AB_LATE_TRIGGER) sgljit::pdl_launch_dependents();
+  sgljit::pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < grid_a) {
-    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound, kFloatSum, kFlat>(a, blockIdx.x, grid_a, eps, red);
+    norm_rows<T, W, kHA, kTarget, kBlock, kGemma, kFused, kRound, kFloatSum>(a, blockIdx.x, grid_a, eps, red);
   } else {
     if constexpr (kHB > 0) {
       norm_rows<T, W, kHB, kTarget, kBlock, kGemma, kFused, kRound, kFloatSum>(b, blockIdx.x - grid_a, gridDim.x - grid_a, eps,
                                                                    red);
     }
   }
-  if (NORM_AB_LATE_TRIGGER) sgljit::pdl_launch_dependents();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -504,17 +482,6 @@ void launch_fast(const RowSet<T, W>& a, const RowSet<T, W>& b, bool has_b, float
   // Only small grids prefetch into L2 before the PDL wait (NormConfig::kPrefetchBlocksPerSM).
   const int sms = sgljit::num_sms(device.device_id);
   const int prefetch_blocks = grid <= int64_t{sms} * NormConfig::kPrefetchBlocksPerSM ? grid : 0;
-#ifndef NORM_AB_FLAT
-#define NORM_AB_FLAT 0  // A/B: 1 = one set of rows of one stride (inner == 1) by a kernel without row_offsets' division
-#endif
-  if constexpr (NORM_AB_FLAT && kHB == 0) {
-    if (a.inner == 1) {
-      constexpr auto flat =
-          norm_kernel<T, W, kBlock, kGemma, kFused, kRound, kHA, kHB, kTarget, kThreadsPerSM, kFloatSum, true>;
-      sgljit::LaunchKernel(flat, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps, prefetch_blocks);
-      return;
-    }
-  }
   sgljit::LaunchKernel(kernel, grid, kBlock, 0, device, name).pdl()(a, b, grid_a, eps, prefetch_blocks);
 }
 
@@ -550,33 +517,6 @@ void launch_norm(const RowSet<T, W>& a, int64_t ha, const RowSet<T, W>& b, int64
         if (a.rows < NormConfig::kFewRows) {
           launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, NormConfig::kFewVecs, NormConfig::kFewThreadsPerSM,
                       kFloatSum>(
-              a, b, has_b, eps, device, name);
-          return;
-        }
-      }
-#ifndef NORM_AB_DECODE
-#define NORM_AB_DECODE 0  // A/B: 1 = rows of other widths at 2 vectors a thread while the grid is one wave
-#endif
-#ifndef NORM_AB_DECODE_TPSM
-#define NORM_AB_DECODE_TPSM 1024  // A/B: its register budget in threads per SM (1024: 64 registers)
-#endif
-#ifndef NORM_AB_DECODE_WAVES
-#define NORM_AB_DECODE_WAVES 1  // A/B: NORM_AB_DECODE up to this many waves of rows (512 x 12288 is 4 at 768 threads)
-#endif
-#ifndef NORM_AB_DECODE_FUSED
-#define NORM_AB_DECODE_FUSED 0  // A/B: the fused add too, at 1 vector of each row a thread
-#endif
-      if constexpr (kHB == 0 && (kFused ? NORM_AB_DECODE_FUSED : NORM_AB_DECODE) &&
-                    kNumVec > 32 * NormConfig::kVecsPerThread && pow2_ceil(kNumVec) != kNumVec &&
-                    kNumVec <= 1024 * (kFused ? 1 : NormConfig::kFewVecs)) {
-        constexpr int kDecTarget = kFused ? 1 : NormConfig::kFewVecs;
-        constexpr int kDecBlock = kBlockThreads<T, kHA, 0, kDecTarget>;
-        constexpr auto kDecKernel =
-            norm_kernel<T, W, kDecBlock, kGemma, kFused, kRound, kHA, 0, kDecTarget, NORM_AB_DECODE_TPSM, kFloatSum>;
-        const int64_t one_wave = int64_t{sgljit::num_sms(device.device_id)} *
-                                 sgljit::resident_blocks<kDecKernel>(device.device_id, kDecBlock);
-        if (a.rows <= one_wave * NORM_AB_DECODE_WAVES) {
-          launch_fast<T, W, kHA, kHB, kGemma, kFused, kRound, kDecTarget, NORM_AB_DECODE_TPSM, kFloatSum>(
               a, b, has_b, eps, device, name);
           return;
         }

@@ -46,18 +46,12 @@ namespace sgljit_quant_fp8 {
 
 using namespace sgljit;
 
-#ifndef QF8_AB_GROUP_THREADS
-#define QF8_AB_GROUP_THREADS 128  // A/B: GroupConfig::kThreads (256: sglang's)
-#endif
-#ifndef QF8_AB_GROUP_TPSM
-#define QF8_AB_GROUP_TPSM 512  // A/B: GroupConfig::kThreadsPerSm (larger: fewer rounds, more threads)
-#endif
-
 struct GroupConfig {
-  static constexpr int kThreads = QF8_AB_GROUP_THREADS;  // block size, as the rows kernel's
+  static constexpr int kThreads = 128;       // block size, as the rows kernel's
   static constexpr int kVecsPerLane = 2;     // vectors of one group per lane: 8 lanes for 128 bf16
   static constexpr int kMaxRounds = 4;       // groups per lane: 8 vectors (128 B) in flight, as kChunkMaxN
-  static constexpr int kThreadsPerSm = QF8_AB_GROUP_TPSM;  // the rounds choice aims at this (rows kernel's rule)
+  // the rounds choice aims at this: a full SM, rounds only beyond (7168 x 1024: 0.91x 512's two rounds)
+  static constexpr int kThreadsPerSm = 2048;
   // Group indices are int32: the largest grid's last block may index R * groups-per-block past the end.
   static constexpr int64_t kMaxGroups = INT32_MAX - 4096;
 };

@@ -8,7 +8,8 @@
 // l*VEC + p. gptj: pairs are adjacent elements, so each vector holds VEC/2 whole pairs (cos/sin
 // indices l*VEC/2 + p for a, ROT/4 + l*VEC/2 + p for b), which keeps every warp access contiguous;
 // with VEC == 1 a lane holds one whole pair, elements 2l and 2l + 1.
-// A *work item* is (token, chunk of up to kHeads heads of one tensor): the group loads all its
+// A *work item* is (token, chunk of up to kHeads heads of one tensor; apply_rope's small grids one
+// head, RopeLaunch::run): the group loads all its
 // heads' vectors first (kHeads * 2 independent 16-byte loads in flight per thread), reads the
 // token's position and its cos/sin once, then rotates and stores every head. Heads are held as
 // 32-bit words (HeadVec), so every load and store stays one 16-byte access.
@@ -67,21 +68,10 @@ struct Geometry {
   static constexpr bool kSplit = !NEOX && VEC >= 2;
 };
 
-#ifndef ROPE_AB_HEADS
-#define ROPE_AB_HEADS 0  // A/B: apply_rope's heads per work item (0: Geometry's kHeads)
-#endif
-#ifndef ROPE_AB_LATE_TRIGGER
-#define ROPE_AB_LATE_TRIGGER 0  // A/B: 1 = apply_rope's PDL trigger after its items (sglang's), not after the wait
-#endif
-#ifndef ROPE_AB_VEC
-#define ROPE_AB_VEC 16  // A/B: apply_rope's widest vector in elements (4: sglang 0.5.10's 8-byte bf16 vectors)
-#endif
-
 // apply_rope's block and register budget.
 template <int ROT, int VEC>
 struct RopeConfig {
   using G = Geometry<ROT, VEC>;
-  static constexpr int kHeads = ROPE_AB_HEADS > 0 ? ROPE_AB_HEADS : G::kHeads;
   static constexpr int kBlockTarget = 128;  // threads per block: more, smaller blocks per SM than 256
   static constexpr int kGroups = G::groups_for(kBlockTarget);
   static constexpr int kBlock = G::kLanes * kGroups;
@@ -329,8 +319,8 @@ SGLJIT_DEVICE void rope_heads(const T* src, int64_t src_hs, T* dst, int64_t dst_
 }
 
 // ------------------------------------------------------------------------------------------------
-// apply_rope: q and k rotated in place (kRoundProducts: rotate()'s).
-template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC, bool kStreamStores,
+// apply_rope: q and k rotated in place, HEADS heads a work item (kRoundProducts: rotate()'s).
+template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, int VEC, int HEADS, bool kStreamStores,
           int kMinBlocks, bool kRoundProducts = false>
 __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     rope_kernel(T* __restrict__ q, T* __restrict__ k, const CacheT* __restrict__ cos_sin,
@@ -343,8 +333,8 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
   // The heads of item (t, chunk): the first is at base, the next ones hs apart.
   auto item = [&](int64_t t, int chunk, int64_t& hs, int& nheads) {
     const bool is_q = chunk < p.q_chunks;
-    const int h0 = (is_q ? chunk : chunk - p.q_chunks) * C::kHeads;
-    nheads = min(C::kHeads, (is_q ? p.q_heads : p.k_heads) - h0);
+    const int h0 = (is_q ? chunk : chunk - p.q_chunks) * HEADS;
+    nheads = min(HEADS, (is_q ? p.q_heads : p.k_heads) - h0);
     hs = is_q ? p.q_stride_h : p.k_stride_h;
     return is_q ? q + t * p.q_stride_t + h0 * hs : k + t * p.k_stride_t + h0 * hs;
   };
@@ -355,7 +345,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
       int nheads;
       const T* base = item(w.t, w.chunk, hs, nheads);
 #pragma unroll
-      for (int h = 0; h < C::kHeads; ++h) {
+      for (int h = 0; h < HEADS; ++h) {
         if (h < nheads) {
           prefetch_l2(base + h * hs + off1);
           prefetch_l2(base + h * hs + off2);
@@ -365,7 +355,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     }
   }
   pdl_wait();  // q, k, positions may be written by the previous kernel
-  if (!ROPE_AB_LATE_TRIGGER) pdl_launch_dependents();
+  pdl_launch_dependents();
   for (ItemWalk w(p, G::kLanes, C::kGroups); w.t < p.num_tokens; w.next(p)) {
     const int64_t t = w.t;
     int64_t hs;
@@ -376,9 +366,9 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     // overlaps them and only the cos/sin load waits for it (one memory round trip less; it is
     // what a single token's latency is made of).
     using Vec = HeadVec<T, VEC>;
-    Vec a[C::kHeads], b[C::kHeads];
+    Vec a[HEADS], b[HEADS];
 #pragma unroll
-    for (int h = 0; h < C::kHeads; ++h) {
+    for (int h = 0; h < HEADS; ++h) {
       if (h < nheads) {  // (unconditional loads get sunk below the position's check)
         a[h].load(base + h * hs + off1);
         b[h].load(base + h * hs + off2);
@@ -389,7 +379,7 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
     float c[VEC], s[VEC];
     load_cos_sin<ROT, NEOX, VEC>(cos_sin + static_cast<int64_t>(pos) * p.cache_stride, lane, c, s);
 #pragma unroll
-    for (int h = 0; h < C::kHeads; ++h) {
+    for (int h = 0; h < HEADS; ++h) {
       if (h < nheads) {
         rotate<T, NEOX, VEC, kRoundProducts>(a[h], b[h], c, s);
         a[h].template store_out<kStreamStores>(base + h * hs + off1);
@@ -397,7 +387,6 @@ __global__ void __launch_bounds__(RopeConfig<ROT, VEC>::kBlock, kMinBlocks)
       }
     }
   }
-  if (ROPE_AB_LATE_TRIGGER) pdl_launch_dependents();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -773,7 +762,7 @@ inline bool vectors_fit(int vec, std::initializer_list<const TensorView*> heads,
 // kRoundProducts: the op's round_products (rotate()).
 template <typename T, typename CacheT, typename IdxT, int ROT, bool NEOX, bool kRoundProducts = false>
 struct RopeKernel {
-  static constexpr int kVec = std::min(widest_vec<T, ROT / 2>(), ROPE_AB_VEC);
+  static constexpr int kVec = widest_vec<T, ROT / 2>();
 
   static void run(TensorView q, TensorView k, TensorView cos_sin_cache, TensorView positions, bool is_neox,
                   bool round_products);
@@ -789,9 +778,6 @@ struct RopeLaunch {
     RopeParams p{};
     p.q_heads = static_cast<int32_t>(q.size(1));
     p.k_heads = static_cast<int32_t>(k.size(1));
-    p.q_chunks = div_ceil(p.q_heads, C::kHeads);
-    p.k_chunks = div_ceil(p.k_heads, C::kHeads);
-    p.chunks = p.q_chunks + p.k_chunks;
     p.num_tokens = n;
     p.q_stride_t = q.stride(0);
     p.q_stride_h = q.stride(1);
@@ -806,25 +792,41 @@ struct RopeLaunch {
     const int64_t rotated_bytes = n * (p.q_heads + p.k_heads) * int64_t{ROT} * int64_t{sizeof(T)};
     const int64_t l2 = l2_bytes(device.device_id);
     const bool stream = rotated_bytes <= l2;
-    // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
-    constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocks, kRoundProducts>;
-    constexpr auto tight = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, true, C::kMinBlocksOneWave, kRoundProducts>;
-    const int64_t blocks = div_ceil<int64_t>(n * p.chunks, C::kGroups);
     const int64_t sms = num_sms(device.device_id);
+    using Yes = std::true_type;
+    using No = std::false_type;
+    using OneHead = std::integral_constant<int, 1>;
+    using GeometryHeads = std::integral_constant<int, G::kHeads>;
+    auto go = [&](auto heads_c, auto stream_c, auto one_wave_c) {
+      constexpr int kHeads = decltype(heads_c)::value;
+      constexpr int kMin = decltype(one_wave_c)::value ? C::kMinBlocksOneWave : C::kMinBlocks;
+      p.q_chunks = div_ceil(p.q_heads, kHeads);
+      p.k_chunks = div_ceil(p.k_heads, kHeads);
+      p.chunks = p.q_chunks + p.k_chunks;
+      launch<rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, kHeads, decltype(stream_c)::value, kMin, kRoundProducts>>(
+          q, k, cos_sin_cache, positions, p, device);
+    };
+    // One head a work item while that grid is at most a block an SM: items then add parallelism, not
+    // rounds, and a thread's chain after cos/sin is one head's (H100: 0.86-0.94x the time at T <= 2 and
+    // at 14/2 heads x 64, T = 64); beyond, G::kHeads heads share an item's cos/sin (32/8 heads x 128 at
+    // T = 64, 2560 heads over 132 x 16 items a block: one head an item took 1.16x). Such grids fit at once.
+    if (n * (p.q_heads + p.k_heads) <= sms * C::kGroups) {
+      stream ? go(OneHead{}, Yes{}, No{}) : go(OneHead{}, No{}, No{});
+      return;
+    }
+    // The register budget: kRegs, or kRegsOneWave where only that lets the whole grid be resident.
+    constexpr auto wide = rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, G::kHeads, true, C::kMinBlocks, kRoundProducts>;
+    constexpr auto tight =
+        rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, G::kHeads, true, C::kMinBlocksOneWave, kRoundProducts>;
+    const int64_t blocks = div_ceil<int64_t>(n * (div_ceil(p.q_heads, G::kHeads) + div_ceil(p.k_heads, G::kHeads)),
+                                             C::kGroups);
     const bool one_wave = C::kMinBlocksOneWave != C::kMinBlocks &&
                           blocks > sms * resident_blocks<wide>(device.device_id, C::kBlock) &&
                           blocks <= sms * resident_blocks<tight>(device.device_id, C::kBlock);
-    auto go = [&](auto stream_c, auto one_wave_c) {
-      constexpr int kMin = decltype(one_wave_c)::value ? C::kMinBlocksOneWave : C::kMinBlocks;
-      launch<rope_kernel<T, CacheT, IdxT, ROT, NEOX, VEC, decltype(stream_c)::value, kMin, kRoundProducts>>(
-          q, k, cos_sin_cache, positions, p, device);
-    };
-    using Yes = std::true_type;
-    using No = std::false_type;
     if (stream) {
-      one_wave ? go(Yes{}, Yes{}) : go(Yes{}, No{});
+      one_wave ? go(GeometryHeads{}, Yes{}, Yes{}) : go(GeometryHeads{}, Yes{}, No{});
     } else {
-      one_wave ? go(No{}, Yes{}) : go(No{}, No{});
+      one_wave ? go(GeometryHeads{}, No{}, Yes{}) : go(GeometryHeads{}, No{}, No{});
     }
   }
 
