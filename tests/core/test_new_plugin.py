@@ -93,6 +93,15 @@ def test_writes_the_package(generated):
     )
 
 
+def test_sycl_install_hints_work_without_an_index(generated):
+    """sgljit is not on a package index: every hint for its sycl extra says both the checkout's and
+    a wheelhouse's install, never a bare `pip install "sgljit[sycl]"`."""
+    for name in ("tests/test_conformance.py", "README.md"):
+        text = " ".join((generated / name).read_text().split())
+        assert "core[sycl]" in text and "--find-links WHEELHOUSE" in text, name
+        assert 'install "sgljit[sycl]"' not in text, name
+
+
 def test_default_folder_is_the_family_name(tmp_path):
     result = sgljit_cli("new-plugin", "gelu_tanh2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
