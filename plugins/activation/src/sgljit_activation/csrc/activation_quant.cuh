@@ -186,8 +186,8 @@ __global__ __launch_bounds__(QuantConfig::kThreads) void silu_and_mul_quant_kern
 // The entry point. Shapes, strides, dtypes, devices and overlap were checked by the code sgljit.op
 // generates from the op's declared arguments (ops.py): input [T, W], out [T, d] fp8 with unit last
 // stride, scales fp32 [T, groups] (any strides, elements distinct), 32 <= group_size <= 128, eps a
-// positive normal fp32 value. Here what the spec cannot say (ops.py's _check_groups: the same messages)
-// and what this module adds.
+// positive normal fp32 value, d = input's width / 2 and scales' width d / group_size. Here the
+// module's own guards (the same messages) and what this module adds.
 template <typename T, typename Q, int G>
 struct SiluAndMulQuantFp8 {
   static constexpr int kVec = kVecSize<T>;

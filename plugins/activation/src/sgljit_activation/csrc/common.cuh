@@ -161,8 +161,8 @@ void for_each_launch(int64_t rows, int64_t per_row, F&& launch) {
   for (int64_t r = 0; r < rows; r += step) launch(r, std::min(step, rows - r));
 }
 
-// input [T, 2 * d] against out [T, d] (what the op's spec cannot say; ops.py's _check_halves has the
-// same messages).
+// input [T, 2 * d] against out [T, d], with the messages of the checks sgljit.op generates from the
+// spec's "2*d" (which run first): the entry points' own guard before any pointer arithmetic on d.
 inline void check_halves(const TensorView& input, const TensorView& out) {
   const int64_t width = input.size(1), hidden = out.size(1);
   RuntimeCheck(width % 2 == 0, "input: last dimension must be even (gate and up halves), got ", width);

@@ -263,8 +263,8 @@ __global__ __launch_bounds__(GroupConfig::kThreads) void group_kernel(const Args
 // The entry point. Shapes, strides, dtypes, devices and overlap were checked by the code sgljit.op
 // generates from the op's declared arguments (ops.py): input [T, H] and out [T, H] with unit last
 // stride, scales fp32 [T, groups] (any strides, elements distinct), 16 <= group_size <= 256, eps a
-// positive normal fp32 value. Here what the spec cannot say (with the messages of ops.py's
-// _check_groups) and what this module adds.
+// positive normal fp32 value. Here what the MoE layouts' specs cannot say (the messages of moe.py's
+// _check; the dense op's spec says them too) and what this module adds.
 template <typename T, typename Q, int G>
 struct GroupQuantFp8 {
   static constexpr int kVec = kVecSize<T>;  // 16 bytes of input
