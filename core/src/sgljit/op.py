@@ -33,6 +33,7 @@ shapes, strides, dtypes, devices and overlap before the kernel's ``run``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 import threading
@@ -683,8 +684,9 @@ class Op:
         fn = module.get_function(kernel.kernel or self.name, self._sycl_argtypes)
         fn(groups * kernel.group, kernel.group, *values)
 
-    @property
+    @functools.cached_property
     def _sycl_argtypes(self) -> tuple[str, ...]:
+        """The derived SYCL kernel's argument types (fixed by the declaration: worked out once)."""
         types: list[str] = []
         for spec in self.args.values():
             if isinstance(spec, Scalar):
