@@ -57,6 +57,7 @@ __all__ = [
     "Sycl",
     "Tensor",
     "as_rows",
+    "dtype_label",
     "vector_width",
 ]
 
@@ -703,7 +704,7 @@ class Op:
         if missing:
             raise ValueError(f"op {self.name!r}: Sizes {dict(case.sizes)} lacks {missing}")
         tol = case.tol if isinstance(case.tol, (int, float)) else case.tol[case.dtype]
-        dtypes = {n: _dtype_label(case.dtypes[n]) for n in case.dtypes}
+        dtypes = {n: dtype_label(case.dtypes[n]) for n in case.dtypes}
         label = "x".join(str(v) for v in case.sizes.values()) + "".join(
             f" {word}"
             for word, on in (
@@ -714,7 +715,7 @@ class Op:
             )
             if on
         )
-        label += f" {_dtype_label(case.dtype)}" + "".join(f"->{d}" for d in dtypes.values())
+        label += f" {dtype_label(case.dtype)}" + "".join(f"->{d}" for d in dtypes.values())
         return Case(label, lambda device: _make_args(self, case, device), tol)
 
     # -- modules ---------------------------------------------------------------------------------
@@ -951,7 +952,8 @@ def _stride_dims(spec: Tensor) -> range:
     return range({"rows": rank - 1, "strided": rank, "contiguous": 0}[spec.layout])
 
 
-def _dtype_label(dtype: torch.dtype) -> str:
+def dtype_label(dtype: torch.dtype) -> str:
+    """A dtype as check cases name it: ``bfloat16``, ``e4m3fn``."""
     return str(dtype).removeprefix("torch.").removeprefix("float8_")
 
 

@@ -27,7 +27,7 @@ counts are checked too, for free: a ``masked_m`` value outside ``[0, T_pad]`` ra
 
 import torch
 
-from sgljit.op import Case, Cuda, Scalar, Sycl, Tensor
+from sgljit.op import Case, Cuda, Scalar, Sycl, Tensor, dtype_label
 
 from . import reference
 from .ops import FP8_DTYPES, GROUP_SIZES, _group_scales, family
@@ -49,13 +49,11 @@ _MAX_EPS = float(torch.finfo(torch.float32).max)
 _INT32_MAX = 2**31 - 1
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.").removeprefix("float8_")
-
-
 def _check_group_size(group_size: int) -> None:
     if group_size not in GROUP_SIZES:
-        raise ValueError(f"group_size: expected one of 16, 32, 64, 128, 256, got {group_size}")
+        raise ValueError(
+            f"group_size: expected one of {', '.join(map(str, GROUP_SIZES))}, got {group_size}"
+        )
 
 
 _GROUP_SIZE = Scalar(int, min=min(GROUP_SIZES), max=max(GROUP_SIZES))
@@ -171,7 +169,7 @@ def _int8_case(rows, hidden, dtype, group_size, *, column_major=False, pad=0) ->
         return full[:, pad:], out, scales, group_size, 1e-10
 
     label = (" col-major" if column_major else "") + (" strided" if pad else "")
-    return Case(f"{rows}x{hidden} g{group_size}{label} {_name(dtype)}->int8", make, 0.0)
+    return Case(f"{rows}x{hidden} g{group_size}{label} {dtype_label(dtype)}->int8", make, 0.0)
 
 
 _per_token_group_int8 = family.op(
@@ -275,7 +273,7 @@ def _masked_case(
     label = (" col-major" if column_major else "") + (" ue8m0" if ue8m0 else "")
     name = (
         f"{experts}x{pad}x{hidden} m={list(counts)} g{group_size}{label} "
-        f"{_name(dtype)}->{_name(out_dtype)}"
+        f"{dtype_label(dtype)}->{dtype_label(out_dtype)}"
     )
     return Case(name, make, 0.0)
 
@@ -414,7 +412,7 @@ def _sorted_case(
     label = (" col-major" if column_major else "") + (" ue8m0" if ue8m0 else "")
     name = (
         f"T={tokens} top{top_k} E={experts} block {block} H={hidden} g{group_size}{label} "
-        f"{_name(dtype)}->{_name(out_dtype)}"
+        f"{dtype_label(dtype)}->{dtype_label(out_dtype)}"
     )
     return Case(name, make, 0.0)
 
